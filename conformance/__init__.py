@@ -1,0 +1,1 @@
+"""The ONNX backend test corpus pinned per opset, a runner that scores backends, and diffing."""

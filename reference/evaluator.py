@@ -1,0 +1,348 @@
+"""The reference evaluator: runs an ONNX model node by node with the ops in reference/ops."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, GraphProto, ModelProto, helper, numpy_helper
+
+from . import ops as _ops  # noqa: F401  (registers every op family)
+from .errors import InvalidFeedError, InvalidModelError, NodeError, UnsupportedOpError
+from .functions import function_body_from_schema, schema_for
+from .registry import OpContext, canonical_domain, lookup
+from .types import check_feed, value_type_proto
+from .values import normalize
+
+
+@dataclass
+class Result:
+    """One value as it is produced: kind is initializer, input, result or output."""
+
+    kind: str
+    name: str
+    value: Any
+    node: Any = None  # NodeProto for kind == "result"
+    path: tuple = ()  # where a subgraph value comes from, e.g. ("loop_1/body", "iter 2")
+
+
+def load_model(model) -> ModelProto:
+    if isinstance(model, ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        try:
+            return onnx.load_model_from_string(bytes(model))
+        except Exception as e:
+            raise InvalidModelError(f"cannot parse model bytes: {e}") from e
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"model file not found: {path}")
+        try:
+            return onnx.load(path)
+        except Exception as e:
+            raise InvalidModelError(f"cannot load model {path}: {e}") from e
+    raise TypeError(f"expected a ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+def tensor_value(tensor) -> np.ndarray:
+    return normalize(numpy_helper.to_array(tensor))
+
+
+def sparse_value(sparse) -> np.ndarray:
+    values = numpy_helper.to_array(sparse.values)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+class Scope:
+    """Names visible to a graph: its own values, then the enclosing graph's."""
+
+    def __init__(self, parent: Scope | None = None):
+        self.values: dict[str, Any] = {}
+        self.parent = parent
+
+    def __contains__(self, name: str) -> bool:
+        scope = self
+        while scope is not None:
+            if name in scope.values:
+                return True
+            scope = scope.parent
+        return False
+
+    def __getitem__(self, name: str):
+        scope = self
+        while scope is not None:
+            if name in scope.values:
+                return scope.values[name]
+            scope = scope.parent
+        raise KeyError(name)
+
+    def __setitem__(self, name: str, value) -> None:
+        self.values[name] = value
+
+
+class Subgraph:
+    """A graph attribute, bound to the scope it is defined in; call it with the body inputs."""
+
+    def __init__(self, graph: GraphProto, runner: _GraphRunner, scope: Scope, path: tuple):
+        self.graph = graph
+        self._runner = runner
+        self._scope = scope
+        self._path = path
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.graph.input]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.graph.output]
+
+    def __call__(self, *inputs, tag: str | None = None) -> list:
+        path = self._path + ((tag,) if tag is not None else ())
+        return self._runner.run_subgraph(self.graph, self._scope, list(inputs), path)
+
+
+class _GraphRunner:
+    """Runs graphs and function bodies, sending every produced value to `emit`."""
+
+    def __init__(self, evaluator: ReferenceEvaluator, emit):
+        self.ev = evaluator
+        self.emit = emit
+
+    # graphs ---------------------------------------------------------------------------
+    def run_subgraph(self, graph: GraphProto, parent: Scope, inputs: list, path: tuple):
+        scope = Scope(parent)
+        if len(inputs) > len(graph.input):
+            raise ValueError(
+                f"subgraph {graph.name!r} takes {len(graph.input)} inputs, got {len(inputs)}"
+            )
+        for vi, value in zip(graph.input, inputs):
+            scope[vi.name] = value
+            self.emit(Result("input", vi.name, value, path=path))
+        self.run_body(graph, scope, self.ev.opsets, path)
+        outs = [scope[o.name] for o in graph.output]
+        for o, value in zip(graph.output, outs):
+            self.emit(Result("output", o.name, value, path=path))
+        return outs
+
+    def run_body(self, graph, scope: Scope, opsets: dict, path: tuple, fn_attrs=None):
+        for init in graph.initializer:
+            value = tensor_value(init)
+            scope[init.name] = value
+            self.emit(Result("initializer", init.name, value, path=path))
+        for init in graph.sparse_initializer:
+            value = sparse_value(init)
+            scope[init.values.name] = value
+            self.emit(Result("initializer", init.values.name, value, path=path))
+        for node in graph.node:
+            self.run_node(node, scope, opsets, path, fn_attrs)
+
+    # nodes ----------------------------------------------------------------------------
+    def run_node(self, node, scope: Scope, opsets: dict, path: tuple, fn_attrs=None):
+        inputs = []
+        for name in node.input:
+            if not name:
+                inputs.append(None)
+            elif name in scope:
+                inputs.append(scope[name])
+            else:
+                raise NodeError(node, self._version(node, opsets), f"input {name!r} is not defined")
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        try:
+            outputs = self.call_op(node, inputs, scope, opsets, path, fn_attrs)
+        except (NodeError, UnsupportedOpError):
+            raise
+        except Exception as e:
+            raise NodeError(node, self._version(node, opsets), f"{type(e).__name__}: {e}") from e
+        for name, value in zip(node.output, outputs):
+            if name:
+                scope[name] = value
+                self.emit(Result("result", name, value, node=node, path=path))
+
+    @staticmethod
+    def _version(node, opsets) -> int | None:
+        return opsets.get(canonical_domain(node.domain))
+
+    def call_op(self, node, inputs, scope, opsets, path, fn_attrs) -> list:
+        domain = canonical_domain(node.domain)
+        opset = opsets.get(domain)
+        function = self.ev.functions.get((node.domain, node.op_type))
+        if function is not None:
+            attrs = self.attributes(node, scope, path, fn_attrs, schema=None)
+            return self.run_function(function, inputs, attrs, path + (node.name or node.op_type,))
+        if opset is None:
+            raise UnsupportedOpError(
+                f"node {node.name!r} uses domain {node.domain!r}, which the model does not import"
+            )
+        impl = lookup(domain, node.op_type, opset)
+        schema = schema_for(node.op_type, opset, domain)
+        if impl is None:
+            body = function_body_from_schema(schema, node, inputs, opset) if schema else None
+            if body is None:
+                raise UnsupportedOpError(
+                    f"no implementation of {domain or 'ai.onnx'}::{node.op_type} "
+                    f"for opset {opset} (node {node.name!r})"
+                )
+            attrs = self.attributes(node, scope, path, fn_attrs, schema)
+            return self.run_function(body, inputs, attrs, path + (node.name or node.op_type,))
+        attrs = self.attributes(node, scope, path, fn_attrs, schema)
+        if impl.wants_ctx:
+            attrs["ctx"] = OpContext(opset, node, list(node.output), self.ev)
+        result = impl.fn(*inputs, **attrs)
+        outputs = list(result) if isinstance(result, tuple) else [result]
+        return [normalize(v) for v in outputs]
+
+    def run_function(self, function, inputs, attrs, path) -> list:
+        scope = Scope()
+        for name, value in zip(function.input, inputs):
+            if name:
+                scope[name] = value
+        opsets = {canonical_domain(o.domain): o.version for o in function.opset_import}
+        defaults = {a.name: helper.get_attribute_value(a) for a in function.attribute_proto}
+        for a in function.attribute_proto:
+            if a.type == AttributeProto.GRAPH:
+                defaults[a.name] = Subgraph(a.g, self, Scope(), path)
+        fn_attrs = {**defaults, **attrs}
+        for node in function.node:
+            self.run_node(node, scope, opsets, path, fn_attrs)
+        return [scope[o] if o in scope else None for o in function.output]
+
+    # attributes -----------------------------------------------------------------------
+    def attributes(self, node, scope, path, fn_attrs, schema) -> dict:
+        attrs = {}
+        for a in node.attribute:
+            if a.ref_attr_name:
+                if fn_attrs is not None and a.ref_attr_name in fn_attrs:
+                    attrs[a.name] = fn_attrs[a.ref_attr_name]
+                continue
+            attrs[a.name] = self.attribute_value(a, scope, path + (node.name or node.op_type,))
+        if schema is not None:
+            for name, spec in schema.attributes.items():
+                if name not in attrs and spec.default_value.type != AttributeProto.UNDEFINED:
+                    attrs[name] = self.attribute_value(spec.default_value, scope, path)
+        return attrs
+
+    def attribute_value(self, a, scope, path):
+        if a.type == AttributeProto.GRAPH:
+            return Subgraph(a.g, self, scope, path + (a.name,))
+        if a.type == AttributeProto.GRAPHS:
+            return [Subgraph(g, self, scope, path + (a.name,)) for g in a.graphs]
+        if a.type == AttributeProto.TENSOR:
+            return tensor_value(a.t)
+        if a.type == AttributeProto.TENSORS:
+            return [tensor_value(t) for t in a.tensors]
+        if a.type == AttributeProto.SPARSE_TENSOR:
+            return sparse_value(a.sparse_tensor)
+        if a.type == AttributeProto.SPARSE_TENSORS:
+            return [sparse_value(t) for t in a.sparse_tensors]
+        if a.type == AttributeProto.STRING:
+            return a.s.decode("utf-8", errors="surrogateescape")
+        if a.type == AttributeProto.STRINGS:
+            return [s.decode("utf-8", errors="surrogateescape") for s in a.strings]
+        if a.type == AttributeProto.INTS:
+            return [int(i) for i in a.ints]
+        if a.type == AttributeProto.FLOATS:
+            return [float(f) for f in a.floats]
+        return helper.get_attribute_value(a)
+
+
+class ReferenceEvaluator:
+    """Evaluate an ONNX model with pure-NumPy reference ops.
+
+    >>> ev = ReferenceEvaluator("model.onnx")
+    >>> outs = ev.run(None, {"x": x})
+    """
+
+    def __init__(self, model, *, check: bool = True):
+        self.model = load_model(model)
+        if check:
+            try:
+                onnx.checker.check_model(self.model)
+            except Exception as e:
+                raise InvalidModelError(f"invalid model: {e}") from e
+        self.graph = self.model.graph
+        self.opsets = {canonical_domain(o.domain): o.version for o in self.model.opset_import}
+        if "" not in self.opsets and self.model.ir_version < 3:
+            self.opsets[""] = 1
+        self.functions = {(f.domain, f.name): f for f in self.model.functions}
+        initializer_names = {i.name for i in self.graph.initializer}
+        initializer_names |= {i.values.name for i in self.graph.sparse_initializer}
+        # Before IR 4, initializers are also listed as inputs; those are optional feeds.
+        self.input_infos = [i for i in self.graph.input if i.name not in initializer_names]
+        self.overridable = [i for i in self.graph.input if i.name in initializer_names]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.input_infos]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.graph.output]
+
+    def check_feeds(self, feeds: dict) -> None:
+        known = {i.name: i for i in self.input_infos + self.overridable}
+        for name in feeds:
+            if name not in known:
+                raise InvalidFeedError(
+                    f"unknown input {name!r}; the model's inputs are {self.input_names}"
+                )
+        for info in self.input_infos:
+            if info.name not in feeds:
+                raise InvalidFeedError(f"missing input {info.name!r}")
+        for name, value in feeds.items():
+            check_feed(known[name], value)
+
+    def iter_results(self, feeds: dict) -> Iterator[Result]:
+        """Every initializer, input, node result and graph output, in the order produced."""
+        self.check_feeds(feeds)
+        produced: list[Result] = []
+        runner = _GraphRunner(self, produced.append)
+        scope = Scope()
+        for name, value in feeds.items():
+            scope[name] = normalize(value)
+        for init in self.graph.initializer:
+            if init.name not in feeds:
+                scope[init.name] = tensor_value(init)
+                yield Result("initializer", init.name, scope[init.name])
+        for init in self.graph.sparse_initializer:
+            scope[init.values.name] = sparse_value(init)
+            yield Result("initializer", init.values.name, scope[init.values.name])
+        for info in self.graph.input:
+            if info.name in feeds:
+                yield Result("input", info.name, scope[info.name])
+        for node in self.graph.node:
+            runner.run_node(node, scope, self.opsets, ())
+            yield from produced
+            produced.clear()
+        for out in self.graph.output:
+            if out.name not in scope:
+                raise InvalidModelError(f"graph output {out.name!r} is never produced")
+            yield Result("output", out.name, scope[out.name])
+
+    def run(self, output_names, feeds: dict) -> list:
+        """Outputs in graph-output order, or in the order of `output_names` if given."""
+        wanted = list(output_names) if output_names else self.output_names
+        for name in wanted:
+            if name not in self.output_names:
+                raise InvalidFeedError(
+                    f"unknown output {name!r}; the model's outputs are {self.output_names}"
+                )
+        outputs = {
+            r.name: r.value for r in self.iter_results(feeds) if r.kind == "output" and not r.path
+        }
+        return [outputs[name] for name in wanted]
+
+
+def value_type(value):
+    """TypeProto describing a runtime value (used for context-dependent function bodies)."""
+    return value_type_proto(value)
