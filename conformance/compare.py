@@ -46,7 +46,7 @@ def compare_tensor(expected: np.ndarray, actual, tol: Tolerance, where: str) -> 
         act = np.vectorize(_as_text, otypes=[object])(actual) if actual.size else actual
         bad = np.argwhere(exp != act) if exp.size else []
         if len(bad):
-            idx = tuple(bad[0])
+            idx = tuple(int(i) for i in bad[0])
             raise Mismatch(f"{where}: strings differ at {list(idx)}: {act[idx]!r} != {exp[idx]!r}")
         return
     if is_float(expected.dtype) or expected.dtype.kind == "c":
@@ -54,7 +54,7 @@ def compare_tensor(expected: np.ndarray, actual, tol: Tolerance, where: str) -> 
         close = np.isclose(act, exp, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
         if not close.all():
             bad = np.argwhere(~close)
-            idx = tuple(bad[0])
+            idx = tuple(int(i) for i in bad[0])
             err = np.abs(act - exp)
             raise Mismatch(
                 f"{where}: {len(bad)} of {exp.size} values differ beyond rtol={tol.rtol}, "

@@ -1,0 +1,134 @@
+"""Backends behind one small protocol: prepare(model) -> runnable; runnable.run(feeds) -> outputs.
+
+Outputs come back in graph-output order as the reference's value kinds: NumPy arrays, lists for
+sequences, dicts for maps and reference.values.EMPTY for an empty optional.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable, Protocol
+
+import numpy as np
+from onnx import ModelProto
+
+from reference.values import EMPTY, normalize
+
+
+class Prepared(Protocol):
+    def run(self, feeds: dict) -> list: ...
+
+
+class Backend(Protocol):
+    name: str
+    anchor: bool  # an independent implementation shown beside ours, not held to expectations
+
+    def prepare(self, model: ModelProto) -> Prepared: ...
+
+
+class ReferenceBackend:
+    name = "reference"
+    anchor = False
+
+    def prepare(self, model):
+        from reference import ReferenceEvaluator
+
+        ev = ReferenceEvaluator(model)
+        return _Runner(lambda feeds: ev.run(None, feeds))
+
+
+class OptimizedBackend:
+    anchor = False
+
+    def __init__(self, level: int = 99, provider: str = "cpu", check_nodes: bool = False):
+        self.level = level
+        self.provider = provider
+        self.check_nodes = check_nodes
+        self.name = "optimized"
+
+    def prepare(self, model):
+        import optimized
+
+        options = optimized.SessionOptions()
+        options.graph_optimization_level = optimized.GraphOptimizationLevel.from_level(self.level)
+        options.check_nodes = self.check_nodes
+        providers = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
+        sess = optimized.InferenceSession(
+            model.SerializeToString(), options, providers=providers[self.provider]
+        )
+        return _Runner(lambda feeds: sess.run(None, feeds))
+
+
+class OnnxruntimeBackend:
+    name = "onnxruntime"
+    anchor = True
+
+    def prepare(self, model):
+        import onnxruntime as ort
+
+        ort.set_default_logger_severity(3)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        sess = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        return _Runner(lambda feeds: [_from_ort(v) for v in sess.run(None, _to_ort(feeds))])
+
+
+class OnnxReferenceBackend:
+    name = "onnx-reference"
+    anchor = True
+
+    def prepare(self, model):
+        from onnx.reference import ReferenceEvaluator
+
+        ev = ReferenceEvaluator(model)
+        return _Runner(lambda feeds: [_from_ort(v) for v in ev.run(None, _to_ort(feeds))])
+
+
+class _Runner:
+    def __init__(self, fn: Callable[[dict], list]):
+        self._fn = fn
+
+    def run(self, feeds: dict) -> list:
+        return [normalize(v) for v in self._fn(feeds)]
+
+
+def _to_ort(feeds: dict) -> dict:
+    return {k: (None if v is EMPTY else v) for k, v in feeds.items()}
+
+
+def _from_ort(value):
+    if value is None:
+        return EMPTY
+    if isinstance(value, list):
+        return [_from_ort(v) for v in value]
+    if isinstance(value, np.ndarray) and value.dtype.kind in "SU":
+        return value.astype(object)
+    return value
+
+
+BACKENDS = {
+    "reference": ReferenceBackend,
+    "optimized": OptimizedBackend,
+    "onnxruntime": OnnxruntimeBackend,
+    "onnx-reference": OnnxReferenceBackend,
+}
+ANCHOR_MODULES = {"onnxruntime": "onnxruntime", "onnx-reference": "onnx.reference"}
+
+
+def available(name: str) -> bool:
+    module = ANCHOR_MODULES.get(name)
+    return module is None or importlib.util.find_spec(module.split(".")[0]) is not None
+
+
+def make_backend(name: str, **options) -> Backend:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    if not available(name):
+        raise ValueError(
+            f"backend {name!r} needs {ANCHOR_MODULES[name]}, which is not installed "
+            f"(pip install 'onnx-parity[anchors]')"
+        )
+    if name == "optimized":
+        return OptimizedBackend(**options)
+    return BACKENDS[name]()

@@ -1,0 +1,309 @@
+"""The `onnx-parity` command: corpus, test, ops, run."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+
+from rich.console import Console
+
+from .pins import CACHE_ENV, Cache, CorpusUnavailable, CorruptPin, load_pins, select_pins
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _console() -> Console:
+    return Console(stderr=False, highlight=False)
+
+
+def _add_pin_args(p: argparse.ArgumentParser, default: str = "all") -> None:
+    p.add_argument("--opset", default=default,
+                   help="pinned opset: N, a list '7,13', a range '18-28', or 'all' (default: %(default)s)")
+    p.add_argument("--cache-dir", default=None,
+                   help=f"corpus cache folder (default: ${CACHE_ENV} or ~/.cache/onnx-parity)")
+
+
+class _Download:
+    """Byte progress for a wheel download, on a terminal only."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress = None
+        self.task = None
+
+    def __call__(self, n: int, total: int) -> None:
+        if not self.console.is_terminal:
+            return
+        if self.progress is None:
+            from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+            self.progress = Progress(*Progress.get_default_columns(), DownloadColumn(),
+                                     TransferSpeedColumn(), console=self.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("download", total=total or None)
+        self.progress.advance(self.task, n)
+
+    def close(self):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+# corpus ---------------------------------------------------------------------------------------
+def cmd_corpus(args) -> int:
+    from rich.table import Table
+
+    from .corpus import open_corpus, verify_generated
+
+    console = _console()
+    cache = Cache(args.cache_dir)
+    pins = select_pins(load_pins(), args.opset)
+    table = Table(title=f"pinned corpora ({cache.root})")
+    for col in ("opset", "onnx", "source", "state", "node", "other", "unavailable"):
+        table.add_column(col, justify="left" if col in ("source", "state") else "right")
+    failed = False
+    for pin in pins:
+        source = "generated" if pin.generated else "wheel"
+        download = _Download(console)
+        try:
+            if args.action == "list":
+                cached = cache.has_wheel(pin.wheel) if not pin.generated else (
+                    cache.generated_dir(pin) / "manifest.json").is_file()
+                if not cached:
+                    table.add_row(str(pin.opset), pin.onnx, source, "not cached",
+                                  str(pin.node_tests), "", "")
+                    continue
+            if args.action == "verify" and not pin.generated and cache.has_wheel(pin.wheel):
+                cache.verified_wheel(pin.wheel)
+            corpus = open_corpus(pin, cache, fetch=args.action != "list" and not args.offline,
+                                 progress=download)
+            if args.action == "verify" and pin.generated:
+                verify_generated(pin, cache)
+            state = "ok"
+            if corpus.node_count != pin.node_tests:
+                state, failed = f"{corpus.node_count} node tests, pin says {pin.node_tests}", True
+            if args.action == "list" and args.tests:
+                for t in corpus.tests:
+                    console.print(t.id + (f"  (unavailable: {t.unavailable})" if t.unavailable else ""))
+            other = sum(t.kind != "node" and not t.unavailable for t in corpus.tests)
+            unavailable = sum(bool(t.unavailable) for t in corpus.tests)
+            table.add_row(str(pin.opset), pin.onnx, source, state, str(corpus.node_count),
+                          str(other), str(unavailable))
+        except (CorpusUnavailable, CorruptPin) as e:
+            failed = True
+            table.add_row(str(pin.opset), pin.onnx, source, "[red]missing[/red]"
+                          if isinstance(e, CorpusUnavailable) else "[red]corrupt[/red]", "", "", "")
+            console.print(f"[red]opset {pin.opset}:[/red] {e}")
+        finally:
+            download.close()
+    if not (args.action == "list" and args.tests):
+        console.print(table)
+    return EXIT_FAIL if failed else EXIT_OK
+
+
+# test -----------------------------------------------------------------------------------------
+def cmd_test(args) -> int:
+    from .backends import make_backend
+    from .expectations import Expectations
+    from .reports import print_summary, problems, write_json, write_junit, write_markdown
+    from .runner import RunConfig, apply_expectations, collect_tests, run_tests
+
+    console = _console()
+    options = {}
+    if args.backend == "optimized":
+        options = {"level": args.level, "provider": args.provider, "check_nodes": args.check_nodes}
+    try:
+        backend = make_backend(args.backend, **options)
+        if args.compare_with:
+            make_backend(args.compare_with)
+        pattern = re.compile(args.filter) if args.filter else None
+    except (ValueError, re.error) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_USAGE
+    cache = Cache(args.cache_dir)
+    pins = select_pins(load_pins(), args.opset)
+    download = _Download(console)
+    try:
+        tests = collect_tests(pins, cache, pattern, progress=download)
+    except (CorpusUnavailable, CorruptPin) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_FAIL
+    finally:
+        download.close()
+    if not tests:
+        console.print("[yellow]no tests match[/yellow]")
+        return EXIT_USAGE
+    expectations_name = args.backend if args.backend != "optimized" else f"optimized-{args.provider}"
+    expectations = Expectations.load(expectations_name)
+    config = RunConfig(args.backend, options, args.cache_dir, args.compare_with, args.timeout)
+    start = time.perf_counter()
+    results = _run_with_progress(tests, config, args.jobs, console)
+    elapsed = time.perf_counter() - start
+    apply_expectations(results, expectations, strict=not backend.anchor)
+    print_summary(results, console, args.compare_with, args.backend)
+    for r in problems(results)[: args.show]:
+        console.print(f"[red]{r.verdict}[/red] {r.id}: {(r.message or r.reason)[:400]}")
+    hidden = len(problems(results)) - args.show
+    if hidden > 0:
+        console.print(f"... and {hidden} more (see --json / --markdown)")
+    console.print(f"{len(results)} tests in {elapsed:.1f} s with {args.jobs} jobs")
+    meta = {"backend": args.backend, "options": options, "opsets": [p.opset for p in pins],
+            "compare_with": args.compare_with, "seconds": elapsed,
+            "expectations": expectations.source}
+    if args.json:
+        write_json(results, args.json, meta)
+    if args.junit:
+        write_junit(results, args.junit, args.backend)
+    if args.markdown:
+        write_markdown(results, args.markdown, args.backend, args.compare_with)
+    if backend.anchor:
+        return EXIT_OK
+    return EXIT_FAIL if problems(results) else EXIT_OK
+
+
+def _run_with_progress(tests, config, jobs, console: Console):
+    from .runner import run_tests
+
+    if console.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+                      transient=True) as progress:
+            task = progress.add_task(config.backend, total=len(tests))
+
+            def advance(result):
+                progress.update(task, advance=1, description=result.id[:40])
+
+            return run_tests(tests, config, jobs, on_result=advance)
+    done = [0]
+    step = max(1, len(tests) // 10)
+
+    def log(result):
+        done[0] += 1
+        if done[0] % step == 0 or done[0] == len(tests):
+            console.print(f"{done[0]}/{len(tests)} tests run")
+
+    return run_tests(tests, config, jobs, on_result=log)
+
+
+# ops ------------------------------------------------------------------------------------------
+def cmd_ops(args) -> int:
+    from rich.table import Table
+
+    from .coverage import coverage
+
+    console = _console()
+    rows = coverage(args.domain)
+    table = Table(title="operator coverage of the reference (by onnx's schemas)")
+    for col in ("domain", "op", "schema versions", "direct", "function body", "missing"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row.domain or "ai.onnx", row.op_type, ",".join(map(str, row.versions)),
+                      ",".join(map(str, row.direct)), ",".join(map(str, row.function)),
+                      ",".join(map(str, row.missing)))
+    console.print(table)
+    covered = sum(not r.missing for r in rows)
+    console.print(f"{covered}/{len(rows)} ops covered at every version")
+    return EXIT_OK
+
+
+# run ------------------------------------------------------------------------------------------
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from reference import ReferenceEvaluator
+
+    from .inputs import load_inputs, random_inputs
+
+    console = _console()
+    try:
+        ev = ReferenceEvaluator(args.model)
+        feeds = load_inputs(args.inputs, ev) if args.inputs else random_inputs(ev.model, args.seed,
+                                                                             _dims(args.dim))
+        outputs = ev.run(None, feeds)
+    except Exception as e:  # noqa: BLE001 - the CLI reports, it does not trace back
+        console.print(f"[red]error:[/red] {type(e).__name__}: {e}")
+        return EXIT_FAIL
+    for name, value in zip(ev.output_names, outputs):
+        if isinstance(value, np.ndarray):
+            console.print(f"{name}: {value.dtype}{list(value.shape)}")
+            console.print(np.array2string(value, threshold=20))
+        else:
+            console.print(f"{name}: {value!r}")
+    if args.save:
+        np.savez(args.save, **{n: v for n, v in zip(ev.output_names, outputs)
+                               if isinstance(v, np.ndarray)})
+    return EXIT_OK
+
+
+def _dims(pairs) -> dict:
+    dims = {}
+    for pair in pairs or []:
+        name, _, value = pair.partition("=")
+        dims[name] = int(value)
+    return dims
+
+
+# entry point -----------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="onnx-parity", description=(
+        "Conformance-first ONNX runtime: score backends against the pinned ONNX test corpora."))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("corpus", help="fetch, list or verify the pinned corpora")
+    p.add_argument("action", choices=["fetch", "list", "verify"])
+    _add_pin_args(p)
+    p.add_argument("--tests", action="store_true", help="with list: print every test id")
+    p.add_argument("--offline", action="store_true", help="never download; use the cache only")
+    p.set_defaults(func=cmd_corpus)
+
+    p = sub.add_parser("test", help="run a backend over the pinned corpora")
+    p.add_argument("--backend", default="reference",
+                   help="reference, optimized, onnxruntime or onnx-reference (default: %(default)s)")
+    _add_pin_args(p)
+    p.add_argument("--filter", help="regex on test ids such as opset21/test_abs")
+    p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
+                   help="worker processes (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per test (default: %(default)s)")
+    p.add_argument("--compare-with", help="an anchor backend whose results go beside ours")
+    p.add_argument("--level", type=int, default=99, help="optimized: graph optimization level")
+    p.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="optimized: provider")
+    p.add_argument("--check-nodes", action="store_true",
+                   help="optimized: compare every node with the reference op")
+    p.add_argument("--json", help="write the full results as JSON")
+    p.add_argument("--junit", help="write JUnit XML")
+    p.add_argument("--markdown", help="write a Markdown summary")
+    p.add_argument("--show", type=int, default=30, help="problems to print (default: %(default)s)")
+    p.set_defaults(func=cmd_test)
+
+    p = sub.add_parser("ops", help="operator coverage of the reference evaluator")
+    p.add_argument("--domain", help="only this domain ('' or ai.onnx, ai.onnx.ml, ...)")
+    p.set_defaults(func=cmd_ops)
+
+    p = sub.add_parser("run", help="run a model with the reference evaluator")
+    p.add_argument("model")
+    p.add_argument("--inputs", help=".npz file, or a folder of TensorProto input_N.pb files")
+    p.add_argument("--dim", action="append", help="symbolic dimension value, e.g. batch=2")
+    p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    p.add_argument("--save", help="write the outputs to this .npz")
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"onnx-parity: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

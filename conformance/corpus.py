@@ -1,0 +1,303 @@
+"""The corpus of one pin: its tests, read straight from the pinned wheel's zip (or generated)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import ModelProto, numpy_helper
+
+from reference.values import EMPTY, normalize
+
+from .compare import DEFAULT_ATOL, DEFAULT_RTOL
+from .generate import MANIFEST, NODE_DIR, manifest_hash, manifest_of
+from .pins import Cache, CorpusUnavailable, CorruptPin, Pin, compatible_generator_wheel
+
+DATA = "onnx/backend/test/data"
+FOLDER_KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator")
+LIGHT_PREFIX = "onnx/backend/test/data/light/"
+
+
+class Source:
+    """Files of the onnx/backend/test/data tree, from a wheel's zip and/or a folder."""
+
+    def __init__(self, wheel: Path | None = None, folder: Path | None = None):
+        self._zip = zipfile.ZipFile(wheel) if wheel else None
+        self._folder = folder
+        names = set()
+        if self._zip is not None:
+            names.update(n for n in self._zip.namelist() if n.startswith(DATA))
+        if folder is not None:
+            names.update(
+                p.relative_to(folder).as_posix() for p in (folder / DATA).rglob("*") if p.is_file()
+            )
+        self.names = sorted(names)
+
+    def read(self, name: str) -> bytes:
+        if self._folder is not None and (self._folder / name).is_file():
+            return (self._folder / name).read_bytes()
+        if self._zip is not None:
+            return self._zip.read(name)
+        raise FileNotFoundError(name)
+
+    def exists(self, name: str) -> bool:
+        return name in set(self.names)
+
+
+@dataclass(frozen=True)
+class CorpusTest:
+    opset: int
+    kind: str  # node, simple, pytorch-converted, pytorch-operator, light, real
+    name: str
+    folder: str  # path of its folder (or model file, for light) inside the data tree
+    rtol: float = DEFAULT_RTOL
+    atol: float = DEFAULT_ATOL
+    unavailable: str = ""  # why it cannot run here (e.g. a model that needs a download)
+
+    @property
+    def key(self) -> str:
+        """Name within a pin, as expectations write it: 'test_abs' or 'simple/test_x'."""
+        return self.name if self.kind == "node" else f"{self.kind}/{self.name}"
+
+    @property
+    def id(self) -> str:
+        return f"opset{self.opset}/{self.key}"
+
+
+@dataclass
+class Case:
+    """A loaded test: the model and its data sets of (feeds, expected outputs)."""
+
+    test: CorpusTest
+    model: ModelProto
+    data_sets: list
+
+
+class Corpus:
+    def __init__(self, pin: Pin, source: Source):
+        self.pin = pin
+        self.source = source
+        self.tests = self._enumerate()
+        self._by_key = {t.key: t for t in self.tests}
+
+    def _enumerate(self) -> list[CorpusTest]:
+        tests = []
+        pattern = re.compile(rf"^{DATA}/([^/]+)/([^/]+)/(model\.onnx|data\.json)$")
+        seen = set()
+        for name in self.source.names:
+            m = pattern.match(name)
+            if not m or (m.group(1), m.group(2)) in seen:
+                continue
+            kind, test_name, file = m.groups()
+            folder = f"{DATA}/{kind}/{test_name}"
+            if kind in FOLDER_KINDS and file == "model.onnx":
+                seen.add((kind, test_name))
+                rtol, atol = self._tolerance(folder)
+                tests.append(CorpusTest(self.pin.opset, kind, test_name, folder, rtol, atol))
+            elif kind == "real" and file == "data.json":
+                seen.add((kind, test_name))
+                tests.append(self._real_test(test_name, folder))
+        return sorted(tests, key=lambda t: (t.kind != "node", t.kind, t.name))
+
+    def _tolerance(self, folder: str) -> tuple[float, float]:
+        path = f"{folder}/data.json"
+        if self.source.exists(path):
+            data = json.loads(self.source.read(path))
+            return data.get("rtol", DEFAULT_RTOL), data.get("atol", DEFAULT_ATOL)
+        return DEFAULT_RTOL, DEFAULT_ATOL
+
+    def _real_test(self, name: str, folder: str) -> CorpusTest:
+        data = json.loads(self.source.read(f"{folder}/data.json"))
+        url = data.get("url", "")
+        rtol, atol = data.get("rtol", DEFAULT_RTOL), data.get("atol", DEFAULT_ATOL)
+        if url.startswith(LIGHT_PREFIX):
+            return CorpusTest(self.pin.opset, "light", name, url, rtol, atol)
+        return CorpusTest(
+            self.pin.opset, "real", name, folder, rtol, atol,
+            unavailable=f"the model is downloaded from {url} at test time; only package "
+            f"registries are reachable here",
+        )
+
+    def get(self, key: str) -> CorpusTest:
+        return self._by_key[key]
+
+    @property
+    def node_count(self) -> int:
+        return sum(t.kind == "node" for t in self.tests)
+
+    # loading ---------------------------------------------------------------------------
+    def load(self, test: CorpusTest) -> Case:
+        if test.kind == "light":
+            return self._load_light(test)
+        model = onnx.load_model_from_string(self.source.read(f"{test.folder}/model.onnx"))
+        data_sets = []
+        prefix = f"{test.folder}/"
+        sets = sorted(
+            {n[len(prefix):].split("/")[0] for n in self.source.names
+             if n.startswith(prefix + "test_data_set_")},
+            key=lambda s: int(s.rsplit("_", 1)[1]),
+        )
+        for data_set in sets:
+            base = f"{test.folder}/{data_set}"
+            inputs = self._read_values(base, "input", model.graph.input)
+            outputs = self._read_values(base, "output", model.graph.output)
+            feeds = {model.graph.input[j].name: v for j, v in enumerate(inputs)}
+            data_sets.append((feeds, outputs))
+        return Case(test, model, data_sets)
+
+    def _read_values(self, base: str, prefix: str, infos) -> list:
+        values = []
+        j = 0
+        while self.source.exists(f"{base}/{prefix}_{j}.pb"):
+            raw = self.source.read(f"{base}/{prefix}_{j}.pb")
+            values.append(parse_value(raw, infos[j].type if j < len(infos) else None))
+            j += 1
+        return values
+
+    def _load_light(self, test: CorpusTest) -> Case:
+        model = onnx.load_model_from_string(self.source.read(test.folder))
+        stem = test.folder[: -len(".onnx")]
+        expected = [
+            parse_value(self.source.read(f"{stem}_output_{i}.pb"), out.type)
+            for i, out in enumerate(model.graph.output)
+        ]
+        initializers = {i.name for i in model.graph.initializer}
+        feeds = {
+            vi.name: light_input(vi) for vi in model.graph.input if vi.name not in initializers
+        }
+        return Case(test, model, [(feeds, expected)])
+
+
+def light_input(value_info) -> np.ndarray:
+    """The fixed input onnx's runner feeds to light models: arange(n) / n in float32."""
+    dims = value_info.type.tensor_type.shape.dim
+    shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
+    n = int(np.prod(shape))
+    return (np.arange(n).reshape(shape) / n).astype(np.float32)
+
+
+def parse_value(raw: bytes, type_proto):
+    """Decode a .pb file as the value kind that `type_proto` declares (tensor by default)."""
+    kind = type_proto.WhichOneof("value") if type_proto is not None else "tensor_type"
+    if kind == "sequence_type":
+        proto = onnx.SequenceProto()
+        proto.ParseFromString(raw)
+        return _strings_to_str(normalize(numpy_helper.to_list(proto)))
+    if kind == "optional_type":
+        proto = onnx.OptionalProto()
+        proto.ParseFromString(raw)
+        value = numpy_helper.to_optional(proto)
+        return EMPTY if value is None else _strings_to_str(normalize(value))
+    if kind == "map_type":
+        proto = onnx.MapProto()
+        proto.ParseFromString(raw)
+        return _strings_to_str(normalize(numpy_helper.to_dict(proto)))
+    proto = onnx.TensorProto()
+    proto.ParseFromString(raw)
+    return _strings_to_str(normalize(numpy_helper.to_array(proto)))
+
+
+def _strings_to_str(value):
+    if isinstance(value, np.ndarray) and value.dtype.kind in "OSU":
+        flat = [v.decode("utf-8", errors="surrogateescape") if isinstance(v, bytes) else str(v)
+                for v in value.reshape(-1)]
+        out = np.empty(len(flat), dtype=object)
+        out[:] = flat
+        return out.reshape(value.shape)
+    if isinstance(value, list):
+        return [_strings_to_str(v) for v in value]
+    if isinstance(value, dict):
+        return {(k.decode() if isinstance(k, bytes) else k): _strings_to_str(v) for k, v in value.items()}
+    return value
+
+
+# opening pins ---------------------------------------------------------------------------
+def open_corpus(pin: Pin, cache: Cache, fetch: bool = True, progress=None) -> Corpus:
+    """The pin's corpus from the cache, fetching (or generating) what is missing if allowed."""
+    if not pin.generated:
+        if not cache.has_wheel(pin.wheel):
+            if not fetch:
+                raise CorpusUnavailable(
+                    f"opset {pin.opset} (onnx {pin.onnx}) is not cached in {cache.root}; "
+                    f"run `onnx-parity corpus fetch --opset {pin.opset}`"
+                )
+            cache.fetch_wheel(pin.wheel, progress)
+        return Corpus(pin, Source(wheel=cache.wheel_path(pin.wheel)))
+    wheel = compatible_generator_wheel(pin)
+    if not cache.has_wheel(wheel) and not fetch:
+        raise CorpusUnavailable(
+            f"opset {pin.opset} (onnx {pin.onnx}, generated) is not cached in {cache.root}; "
+            f"run `onnx-parity corpus fetch --opset {pin.opset}`"
+        )
+    wheel_path = cache.fetch_wheel(wheel, progress)
+    folder = cache.generated_dir(pin)
+    if not (folder / MANIFEST).is_file():
+        if not fetch:
+            raise CorpusUnavailable(
+                f"opset {pin.opset}'s node corpus has not been generated in {folder}; "
+                f"run `onnx-parity corpus fetch --opset {pin.opset}`"
+            )
+        generate_corpus(pin, wheel_path, folder)
+    return Corpus(pin, Source(wheel=wheel_path, folder=folder))
+
+
+def generate_corpus(pin: Pin, wheel_path: Path, folder: Path) -> str:
+    """Run the pinned release's generators in a subprocess; returns the manifest hash."""
+    work = Path(tempfile.mkdtemp(prefix=".gen-", dir=folder.parent if folder.parent.exists() else None))
+    try:
+        site = work / "site"
+        with zipfile.ZipFile(wheel_path) as z:
+            z.extractall(site)
+        out = work / "out"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), _package_root()]),
+                   PYTHONHASHSEED="0")
+        proc = subprocess.run(
+            [sys.executable, "-m", "conformance.generate", str(out)],
+            env=env, capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            raise CorpusUnavailable(
+                f"generating opset {pin.opset}'s corpus with onnx {pin.onnx} failed:\n"
+                f"{proc.stderr[-3000:]}"
+            )
+        digest = json.loads((out / MANIFEST).read_text())["sha256"]
+        if pin.manifest_sha256 and digest != pin.manifest_sha256:
+            raise CorruptPin(
+                f"the generated opset {pin.opset} corpus has manifest hash {digest}, "
+                f"but the pin says {pin.manifest_sha256}"
+            )
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(out, folder)
+        return digest
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def verify_generated(pin: Pin, cache: Cache) -> str:
+    """Recompute the generated corpus's manifest hash from its files."""
+    folder = cache.generated_dir(pin)
+    digest = manifest_hash(manifest_of(folder))
+    if pin.manifest_sha256 and digest != pin.manifest_sha256:
+        raise CorruptPin(
+            f"{folder} has manifest hash {digest}, but the pin says {pin.manifest_sha256}; "
+            f"delete the folder and run `onnx-parity corpus fetch --opset {pin.opset}`"
+        )
+    return digest
+
+
+__all__ = ["Case", "Corpus", "CorpusTest", "NODE_DIR", "open_corpus", "parse_value"]
