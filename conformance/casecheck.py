@@ -12,7 +12,16 @@ import re
 import sys
 import traceback
 
+from onnx import TensorProto, numpy_helper
+
+from reference.values import normalize
+
 from .compare import Mismatch, Tolerance, compare_outputs
+
+
+def _value(v):
+    """Generators store some values (int4, float8, ...) as TensorProto."""
+    return normalize(numpy_helper.to_array(v) if isinstance(v, TensorProto) else v)
 
 
 def run_cases(cases, verbose: bool = False) -> tuple[int, list]:
@@ -23,9 +32,9 @@ def run_cases(cases, verbose: bool = False) -> tuple[int, list]:
         try:
             ev = ReferenceEvaluator(case.model)
             for inputs, outputs in case.data_sets:
-                feeds = dict(zip([i.name for i in case.model.graph.input], inputs))
+                feeds = dict(zip([i.name for i in case.model.graph.input], map(_value, inputs)))
                 got = ev.run(None, feeds)
-                compare_outputs(list(outputs), got, Tolerance(case.rtol, case.atol), ev.output_names)
+                compare_outputs([_value(o) for o in outputs], got, Tolerance(case.rtol, case.atol), ev.output_names)
             passed += 1
         except Mismatch as e:
             failed.append((case.name, f"mismatch: {e}"))

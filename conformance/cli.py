@@ -15,7 +15,8 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 def _console() -> Console:
-    return Console(stderr=False, highlight=False)
+    # Off a terminal rich assumes 80 columns; tables of test ids need more.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _add_pin_args(p: argparse.ArgumentParser, default: str = "all") -> None:

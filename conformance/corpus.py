@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, numpy_helper
 
+from reference.dtypes import np_dtype
 from reference.values import EMPTY, normalize
 
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL
@@ -185,6 +186,10 @@ def light_input(value_info) -> np.ndarray:
     return (np.arange(n).reshape(shape) / n).astype(np.float32)
 
 
+_OPTIONAL_FIELDS = ("tensor_value", "sparse_tensor_value", "sequence_value", "map_value",
+                    "optional_value")
+
+
 def parse_value(raw: bytes, type_proto):
     """Decode a .pb file as the value kind that `type_proto` declares (tensor by default)."""
     kind = type_proto.WhichOneof("value") if type_proto is not None else "tensor_type"
@@ -195,6 +200,8 @@ def parse_value(raw: bytes, type_proto):
     if kind == "optional_type":
         proto = onnx.OptionalProto()
         proto.ParseFromString(raw)
+        if not any(proto.HasField(f) for f in _OPTIONAL_FIELDS):
+            return EMPTY
         value = numpy_helper.to_optional(proto)
         return EMPTY if value is None else _strings_to_str(normalize(value))
     if kind == "map_type":
@@ -203,7 +210,32 @@ def parse_value(raw: bytes, type_proto):
         return _strings_to_str(normalize(numpy_helper.to_dict(proto)))
     proto = onnx.TensorProto()
     proto.ParseFromString(raw)
-    return _strings_to_str(normalize(numpy_helper.to_array(proto)))
+    if proto.data_type == onnx.TensorProto.STRING:
+        return _string_tensor(proto)
+    array = normalize(numpy_helper.to_array(proto))
+    declared = type_proto.tensor_type.elem_type if type_proto is not None else 0
+    if declared and declared != proto.data_type:
+        array = _reinterpret(array, declared)
+    return array
+
+
+def _reinterpret(array: np.ndarray, declared: int) -> np.ndarray:
+    """Older releases stored bfloat16 data as its raw uint16 bits; view it as declared."""
+    dtype = np_dtype(declared)
+    if array.dtype.itemsize == dtype.itemsize and array.dtype.kind == "u":
+        return array.view(dtype)
+    return array
+
+
+def _string_tensor(proto) -> np.ndarray:
+    # Decoded by hand: some old corpora hold bytes that are not UTF-8.
+    items = [s.decode("utf-8", errors="surrogateescape") for s in proto.string_data]
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    shape = tuple(proto.dims)
+    if int(np.prod(shape)) != len(items):
+        raise ValueError(f"corrupt test data: {len(items)} strings for a tensor of shape {list(shape)}")
+    return out.reshape(shape)
 
 
 def _strings_to_str(value):
