@@ -1,6 +1,7 @@
 """The corpus of one pin: its tests, read straight from the pinned wheel's zip (or generated)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import ModelProto, numpy_helper
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no cross-process lock
+    fcntl = None
 
 from reference.dtypes import np_dtype
 from reference.values import EMPTY, normalize
@@ -253,8 +259,36 @@ def _strings_to_str(value):
 
 
 # opening pins ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def _cache_lock(cache: Cache):
+    """Serialise fetching and generating across processes (pytest-xdist workers, parallel runs)."""
+    cache.root.mkdir(parents=True, exist_ok=True)
+    with open(cache.root / ".lock", "w") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def open_corpus(pin: Pin, cache: Cache, fetch: bool = True, progress=None) -> Corpus:
     """The pin's corpus from the cache, fetching (or generating) what is missing if allowed."""
+    if fetch and not _is_cached(pin, cache):
+        with _cache_lock(cache):
+            return _open_corpus(pin, cache, fetch, progress)
+    return _open_corpus(pin, cache, fetch, progress)
+
+
+def _is_cached(pin: Pin, cache: Cache) -> bool:
+    if not pin.generated:
+        return cache.has_wheel(pin.wheel)
+    return (cache.generated_dir(pin) / MANIFEST).is_file() and any(
+        cache.has_wheel(w) for w in pin.generator_wheels)
+
+
+def _open_corpus(pin: Pin, cache: Cache, fetch: bool, progress) -> Corpus:
     if not pin.generated:
         if not cache.has_wheel(pin.wheel):
             if not fetch:
