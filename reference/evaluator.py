@@ -293,11 +293,14 @@ class ReferenceEvaluator:
     >>> outs = ev.run(None, {"x": x})
     """
 
-    def __init__(self, model, *, check: bool = True, kernels: dict | None = None):
+    def __init__(self, model, *, check: bool = True, kernels: dict | None = None, seed: int = 0):
         """`kernels` maps (domain, op_type) to a faster function with the op's calling
-        convention; it may return NotImplemented to leave a node to the reference op."""
+        convention; it may return NotImplemented to leave a node to the reference op.
+        Random ops without a `seed` attribute draw from a generator seeded with `seed`, so
+        a run is repeatable."""
         self.model = load_model(model)
         self.kernels = kernels or {}
+        self.rng = np.random.default_rng(seed)
         if check:
             validate(self.model)
         self.graph = self.model.graph

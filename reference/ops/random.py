@@ -2,7 +2,8 @@
 
 The spec fixes the distributions, shapes and dtypes but no generator, so values cannot be
 compared with another runtime's.  A given `seed` makes the draw reproducible here: it seeds
-NumPy's default generator (PCG64) with the seed's float32 bits; without one, fresh OS entropy.
+NumPy's default generator (PCG64) with the seed's float32 bits; without one, the op draws from
+the evaluator's own generator (ReferenceEvaluator(seed=...)), so a whole run is repeatable.
 """
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from ..dtypes import is_float, np_dtype
 from ..registry import op
 
 
-def _rng(seed):
+def _rng(seed, ctx=None):
     if seed is None:
-        return np.random.default_rng()
+        evaluator = getattr(ctx, "evaluator", None)
+        return evaluator.rng if evaluator is not None else np.random.default_rng()
     return np.random.default_rng(int(np.float32(seed).view(np.uint32)))
 
 
@@ -36,40 +38,40 @@ def _float_dtype_of(input, name):
 
 
 @op("RandomNormal", 1)
-def random_normal(*, shape, dtype=1, mean=0.0, scale=1.0, seed=None):
+def random_normal(*, shape, dtype=1, mean=0.0, scale=1.0, seed=None, ctx=None):
     dt = _float_dtype(dtype, "RandomNormal")
-    return _rng(seed).normal(mean, scale, size=tuple(shape)).astype(dt)
+    return _rng(seed, ctx).normal(mean, scale, size=tuple(shape)).astype(dt)
 
 
 @op("RandomNormalLike", 1)
-def random_normal_like(input, *, dtype=None, mean=0.0, scale=1.0, seed=None):
+def random_normal_like(input, *, dtype=None, mean=0.0, scale=1.0, seed=None, ctx=None):
     dt = _like_dtype(input, dtype, "RandomNormalLike")
-    return _rng(seed).normal(mean, scale, size=input.shape).astype(dt)
+    return _rng(seed, ctx).normal(mean, scale, size=input.shape).astype(dt)
 
 
 @op("RandomUniform", 1)
-def random_uniform(*, shape, dtype=1, low=0.0, high=1.0, seed=None):
+def random_uniform(*, shape, dtype=1, low=0.0, high=1.0, seed=None, ctx=None):
     dt = _float_dtype(dtype, "RandomUniform")
-    return _rng(seed).uniform(low, high, size=tuple(shape)).astype(dt)
+    return _rng(seed, ctx).uniform(low, high, size=tuple(shape)).astype(dt)
 
 
 @op("RandomUniformLike", 1)
-def random_uniform_like(input, *, dtype=None, low=0.0, high=1.0, seed=None):
+def random_uniform_like(input, *, dtype=None, low=0.0, high=1.0, seed=None, ctx=None):
     dt = _like_dtype(input, dtype, "RandomUniformLike")
-    return _rng(seed).uniform(low, high, size=input.shape).astype(dt)
+    return _rng(seed, ctx).uniform(low, high, size=input.shape).astype(dt)
 
 
 @op("Bernoulli", 15)
-def bernoulli(input, *, dtype=None, seed=None):
+def bernoulli(input, *, dtype=None, seed=None, ctx=None):
     p = input.astype(np.float64)
     if np.any((p < 0) | (p > 1)):
         raise ValueError("Bernoulli: input probabilities must lie in [0, 1]")
     dt = input.dtype if dtype is None else np_dtype(dtype)
-    return (_rng(seed).random(size=input.shape) < p).astype(dt)
+    return (_rng(seed, ctx).random(size=input.shape) < p).astype(dt)
 
 
 @op("Multinomial", 7)
-def multinomial(input, *, dtype=6, sample_size=1, seed=None):
+def multinomial(input, *, dtype=6, sample_size=1, seed=None, ctx=None):
     if input.ndim != 2:
         raise ValueError(f"Multinomial: input must be [batch_size, class_size], got {input.shape}")
     dt = np_dtype(dtype)
@@ -80,6 +82,6 @@ def multinomial(input, *, dtype=6, sample_size=1, seed=None):
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
     cdf = np.cumsum(p, axis=1)
     cdf /= cdf[:, -1:]
-    u = _rng(seed).random(size=(input.shape[0], sample_size))
+    u = _rng(seed, ctx).random(size=(input.shape[0], sample_size))
     samples = (u[:, :, None] >= cdf[:, None, :]).sum(axis=-1)
     return np.minimum(samples, input.shape[1] - 1).astype(dt)

@@ -204,3 +204,15 @@ def test_reshape_keeps_values_in_order(x, data):
                    [numpy_helper.from_array(shape, "shape")]).run(None, {"x": x})
     assert y.shape == (first, size // first)
     np.testing.assert_array_equal(y.reshape(-1), x.reshape(-1))
+
+
+def test_unseeded_random_ops_are_repeatable_per_run_and_differ_between_nodes():
+    nodes = [helper.make_node("RandomUniform", [], [name], shape=[1000]) for name in ("a", "b")]
+    model = _model(nodes, [], [helper.make_tensor_value_info(n, F, [1000]) for n in ("a", "b")])
+    a1, b1 = ReferenceEvaluator(model).run(None, {})
+    a2, b2 = ReferenceEvaluator(model).run(None, {})
+    np.testing.assert_array_equal(a1, a2)
+    np.testing.assert_array_equal(b1, b2)
+    assert not np.array_equal(a1, b1)
+    a3, _ = ReferenceEvaluator(model, seed=7).run(None, {})
+    assert not np.array_equal(a1, a3)
