@@ -71,19 +71,13 @@ class Scope:
         self.parent = parent
 
     def __contains__(self, name: str) -> bool:
-        scope = self
-        while scope is not None:
-            if name in scope.values:
-                return True
-            scope = scope.parent
-        return False
+        return name in self.values or (self.parent is not None and name in self.parent)
 
     def __getitem__(self, name: str):
-        scope = self
-        while scope is not None:
-            if name in scope.values:
-                return scope.values[name]
-            scope = scope.parent
+        if name in self.values:
+            return self.values[name]
+        if self.parent is not None:
+            return self.parent[name]
         raise KeyError(name)
 
     def __setitem__(self, name: str, value) -> None:
@@ -301,6 +295,7 @@ class ReferenceEvaluator:
         self.model = load_model(model)
         self.kernels = kernels or {}
         self.rng = np.random.default_rng(seed)
+        self._initial = None
         if check:
             validate(self.model)
         self.graph = self.model.graph
@@ -317,6 +312,14 @@ class ReferenceEvaluator:
     @property
     def input_names(self) -> list[str]:
         return [i.name for i in self.input_infos]
+
+    def initial_values(self) -> dict:
+        """The main graph's initializers by name, sparse ones densified (converted once)."""
+        if self._initial is None:
+            self._initial = {i.name: tensor_value(i) for i in self.graph.initializer}
+            self._initial.update(
+                {i.values.name: sparse_value(i) for i in self.graph.sparse_initializer})
+        return self._initial
 
     @property
     def output_names(self) -> list[str]:
