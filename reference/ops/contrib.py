@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import normalization as _normalization
 from ..registry import lookup, op
 from .ml import _erf
 
@@ -233,6 +234,9 @@ def simplified_layer_normalization(x, scale, axis=-1, epsilon=1e-5, stash_type=1
 # onnxruntime registers SimplifiedLayerNormalization in the ai.onnx domain, models use both
 op("SimplifiedLayerNormalization", 1, MS)(simplified_layer_normalization)
 op("SimplifiedLayerNormalization", 1, "")(simplified_layer_normalization)
+# onnxruntime's transformers optimizer writes ai.onnx LayerNormalization into models of any
+# opset (onnxruntime registers it from version 1); before opset 17 it is this same op.
+op("LayerNormalization", 1, "")(_normalization.layer_normalization)
 
 
 @op("EmbedLayerNormalization", 1, MS)
