@@ -1,0 +1,62 @@
+"""Graph rewrites for the optimized runtime: each pass is a ModelProto -> ModelProto function
+that leaves a valid ONNX model (com.microsoft contrib ops for fused nodes) computing the same
+outputs. `optimize` runs the passes of a level and every level below it."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import onnx
+
+from .attention_fusion import fuse_attention
+from .constant_folding import fold_constants
+from .conv_affine_folding import fold_conv_affine
+from .conv_bn_folding import fold_conv_batchnorm
+from .cse import eliminate_common_subexpressions
+from .dead_code import eliminate_dead_code
+from .fuse_bias_activation import fuse_bias_activation
+from .gelu_fusion import fuse_gelu
+from .identity_elimination import eliminate_identities
+from .initializer_inputs import freeze_initializer_inputs
+from .layer_norm_fusion import fuse_layer_norm
+from .matmul_add_to_gemm import matmul_add_to_gemm
+
+
+class Pass(NamedTuple):
+    name: str
+    level: int
+    function: Callable[[onnx.ModelProto], onnx.ModelProto]
+
+
+# in the order they run; the transformer fusions go before the generic ones, which would
+# otherwise take apart the MatMul/scale patterns they look for
+PASSES: list[Pass] = [
+    Pass("initializer_inputs", 1, freeze_initializer_inputs),
+    Pass("constant_folding", 1, fold_constants),
+    Pass("identity_elimination", 1, eliminate_identities),
+    Pass("cse", 1, eliminate_common_subexpressions),
+    Pass("dead_code", 1, eliminate_dead_code),
+    Pass("layer_norm_fusion", 2, fuse_layer_norm),
+    Pass("gelu_fusion", 2, fuse_gelu),
+    Pass("attention_fusion", 2, fuse_attention),
+    Pass("conv_bn_folding", 2, fold_conv_batchnorm),
+    Pass("conv_affine_folding", 2, fold_conv_affine),
+    Pass("matmul_add_to_gemm", 2, matmul_add_to_gemm),
+    Pass("fuse_bias_activation", 2, fuse_bias_activation),
+    Pass("dead_code_after_fusion", 2, eliminate_dead_code),
+]
+
+
+def optimize(model: onnx.ModelProto, level: int) -> onnx.ModelProto:
+    """The model rewritten by every pass whose level is <= `level` (0: unchanged)."""
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"optimize expects an onnx.ModelProto, got {type(model).__name__}")
+    if not isinstance(level, int) or level < 0:
+        raise ValueError(f"optimization level must be an int >= 0, got {level!r}")
+    for p in PASSES:
+        if p.level <= level:
+            model = p.function(model)
+    return model
+
+
+__all__ = ["PASSES", "Pass", "optimize"]

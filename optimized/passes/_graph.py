@@ -1,0 +1,294 @@
+"""Helpers the passes share: reading constants, finding producers and consumers, renaming
+values and splicing nodes, all on the main graph of a ModelProto."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, helper, numpy_helper
+
+MS_DOMAIN = "com.microsoft"
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+
+
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
+    for o in model.opset_import:
+        if o.domain in ((domain, "ai.onnx") if domain == "" else (domain,)):
+            return o.version
+    return 0
+
+
+def ensure_opset(model: onnx.ModelProto, domain: str, version: int = 1) -> None:
+    if not opset_version(model, domain):
+        model.opset_import.append(helper.make_opsetid(domain, version))
+
+
+def set_nodes(graph: onnx.GraphProto, nodes: list) -> None:
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def graph_output_names(graph) -> set[str]:
+    return {o.name for o in graph.output}
+
+
+def subgraphs(node):
+    for a in node.attribute:
+        if a.type == AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def outer_names(graph) -> set[str]:
+    """Names a subgraph reads from the scopes around it."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    used = set()
+    for node in graph.node:
+        used.update(n for n in node.input if n and n not in defined)
+        for g in subgraphs(node):
+            used.update(n for n in outer_names(g) if n not in defined)
+        defined.update(node.output)
+    used.update(o.name for o in graph.output if o.name not in defined)
+    return used
+
+
+def node_inputs(node) -> list[str]:
+    """Explicit inputs plus the outer-scope names its subgraphs read."""
+    names = [n for n in node.input if n]
+    for g in subgraphs(node):
+        names.extend(outer_names(g))
+    return names
+
+
+def consumers(graph) -> dict[str, list]:
+    uses: dict[str, list] = {}
+    for node in graph.node:
+        for name in dict.fromkeys(node_inputs(node)):
+            uses.setdefault(name, []).append(node)
+    return uses
+
+
+def producers(graph) -> dict:
+    return {name: node for node in graph.node for name in node.output if name}
+
+
+def rename_uses(nodes, old: str, new: str) -> None:
+    """Every read of `old` (subgraphs included, unless they define it) now reads `new`."""
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+        for g in subgraphs(node):
+            defined = {i.name for i in g.input} | {i.name for i in g.initializer}
+            defined |= {o for n in g.node for o in n.output}
+            if old not in defined:
+                rename_uses(g.node, old, new)
+                for o in g.output:
+                    if o.name == old:
+                        o.name = new
+
+
+def initializer_names(graph) -> set[str]:
+    return {i.name for i in graph.initializer}
+
+
+def constant_tensors(graph) -> dict[str, onnx.TensorProto]:
+    """Initializers that no graph input can override, and Constant nodes holding a tensor."""
+    inputs = {i.name for i in graph.input}
+    found = {i.name: i for i in graph.initializer if i.name not in inputs}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            tensor = _constant_node_tensor(node)
+            if tensor is not None:
+                found[node.output[0]] = tensor
+    return found
+
+
+def _constant_node_tensor(node):
+    a = node.attribute[0] if len(node.attribute) == 1 else None
+    if a is None:
+        return None
+    if a.name == "value":
+        return a.t
+    simple = {"value_float": np.float32, "value_floats": np.float32,
+              "value_int": np.int64, "value_ints": np.int64}
+    if a.name in simple:
+        return numpy_helper.from_array(
+            np.asarray(helper.get_attribute_value(a), dtype=simple[a.name]))
+    return None
+
+
+class Constants:
+    """Constant values of a graph, converted to numpy on first use."""
+
+    def __init__(self, graph):
+        self.tensors = constant_tensors(graph)
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __contains__(self, name) -> bool:
+        return name in self.tensors
+
+    def get(self, name):
+        if name not in self.tensors:
+            return None
+        if name not in self._arrays:
+            self._arrays[name] = numpy_helper.to_array(self.tensors[name])
+        return self._arrays[name]
+
+
+def scalar(constants: Constants, name: str):
+    """The value of a constant that holds one number, else None."""
+    value = constants.get(name)
+    if value is None or value.size != 1 or value.dtype.kind not in "fiu":
+        return None
+    return float(value.reshape(-1)[0])
+
+
+def is_close(value, target, rel=1e-3) -> bool:
+    return value is not None and abs(value - target) <= rel * abs(target)
+
+
+def attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def add_initializer(graph, base: str, array: np.ndarray) -> str:
+    name = unique_name(graph, base)
+    graph.initializer.append(numpy_helper.from_array(array, name))
+    return name
+
+
+def unique_name(graph, base: str) -> str:
+    taken = {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    taken |= {o for n in graph.node for o in n.output}
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def single_consumer(uses, graph_outputs, name, consumer) -> bool:
+    """`name` is read by `consumer` alone and is no graph output."""
+    readers = uses.get(name, [])
+    return name not in graph_outputs and len(readers) == 1 and readers[0] is consumer
+
+
+def only_reader(uses, graph_outputs, name):
+    """The one node that reads `name`, when it has exactly one and is no graph output."""
+    readers = uses.get(name, [])
+    if name in graph_outputs or len(readers) != 1:
+        return None
+    return readers[0]
+
+
+def splice(nodes: list, old: list, new: list) -> list:
+    """`nodes` with `old` replaced by `new`, placed where the last of `old` stood."""
+    ids = {id(n) for n in old}
+    last = max(i for i, n in enumerate(nodes) if id(n) in ids)
+    kept = [n for n in nodes[:last] if id(n) not in ids] + list(new)
+    return kept + [n for n in nodes[last + 1:] if id(n) not in ids]
+
+
+class Shapes:
+    """Element types and shapes from onnx shape inference (None where unknown)."""
+
+    def __init__(self, model):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
+        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+            inferred = model  # passes that need a shape then find none and leave the node
+        g = inferred.graph
+        self.infos = {v.name: v.type for v in list(g.value_info) + list(g.input) + list(g.output)}
+        for init in model.graph.initializer:
+            self.infos.setdefault(init.name, helper.make_tensor_type_proto(
+                init.data_type, list(init.dims)))
+
+    def elem_type(self, name):
+        tp = self.infos.get(name)
+        if tp is None or tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.elem_type:
+            return None
+        return tp.tensor_type.elem_type
+
+    def shape(self, name):
+        """List of ints / dim_param strings / None per axis, or None if the rank is unknown."""
+        tp = self.infos.get(name)
+        if tp is None or tp.WhichOneof("value") != "tensor_type":
+            return None
+        tt = tp.tensor_type
+        if not tt.HasField("shape"):
+            return None
+        return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tt.shape.dim]
+
+    def rank(self, name):
+        shape = self.shape(name)
+        return None if shape is None else len(shape)
+
+    def static_shape(self, name):
+        shape = self.shape(name)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        return shape
+
+    def same_shape(self, a, b) -> bool:
+        """Both shapes known and equal axis by axis (symbolic names must match)."""
+        sa, sb = self.shape(a), self.shape(b)
+        return sa is not None and sb is not None and len(sa) == len(sb) and all(
+            x is not None and x == y for x, y in zip(sa, sb))
+
+
+# shape inference reads the values of small constants only (shapes, axes), so the weights
+# can stay behind when the graph is copied for it
+SMALL_CONSTANT = 1024
+
+
+def _without_weights(model):
+    """A copy of the model for shape inference, with its large initializers as typed inputs."""
+    graph = model.graph
+    small = [i for i in graph.initializer if np.prod(i.dims, dtype=np.int64) <= SMALL_CONSTANT]
+    declared = {i.name for i in graph.input}
+    weights = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+               for i in graph.initializer
+               if np.prod(i.dims, dtype=np.int64) > SMALL_CONSTANT and i.name not in declared]
+    nodes = [stand_in for node in graph.node for stand_in in _shape_stand_ins(node)]
+    light_graph = helper.make_graph(nodes, graph.name, list(graph.input) + weights,
+                                    list(graph.output), small, value_info=list(graph.value_info))
+    return helper.make_model(light_graph, opset_imports=list(model.opset_import),
+                             functions=list(model.functions),
+                             ir_version=max(model.ir_version, 4))
+
+
+def _shape_stand_ins(node) -> list:
+    """onnx knows no com.microsoft op, so shape inference would stop at the fused nodes the
+    passes write: for shapes only, each stands in as the ai.onnx nodes with the same shapes."""
+    if node.domain != MS_DOMAIN:
+        return [node]
+    kept = {"FusedConv": ("Conv", {"auto_pad", "dilations", "group", "kernel_shape", "pads",
+                                   "strides"}),
+            "FusedGemm": ("Gemm", {"alpha", "beta", "transA", "transB"})}
+    if node.op_type in kept:
+        op_type, names = kept[node.op_type]
+        stand_in = helper.make_node(op_type, list(node.input)[:3], list(node.output))
+        stand_in.attribute.extend(a for a in node.attribute if a.name in names)
+        return [stand_in]
+    if node.op_type == "FusedMatMul" and not any(
+            a.name.startswith("trans") and a.i for a in node.attribute):
+        return [helper.make_node("MatMul", list(node.input)[:2], list(node.output)[:1])]
+    # Gelu, FastGelu, SkipLayerNormalization (output and sum) and MultiHeadAttention as the
+    # passes write it: the output has the first input's shape
+    same_as_first = {"Gelu": (0,), "FastGelu": (0,), "SkipLayerNormalization": (0, 3),
+                     "MultiHeadAttention": (0,)}
+    if node.op_type in same_as_first:
+        return [helper.make_node("Identity", [node.input[0]], [node.output[i]])
+                for i in same_as_first[node.op_type] if i < len(node.output) and node.output[i]]
+    return [node]

@@ -1,0 +1,217 @@
+"""Attention fusion for the pattern exporters write for multi-head self-attention:
+
+    q, k, v  [B, S, N*H] --Reshape [B, S, N, H]--Transpose--> [B, N, S, H]  (K: to [B, N, H, S])
+    scores = MatMul(q, k^T) scaled by Div/Mul  (+ additive mask)  -> Softmax -> MatMul(., v)
+    out    = Transpose [B, S, N, H] -> Reshape [B, S, N*H]
+
+becomes one com.microsoft MultiHeadAttention(q, k, v, attention_bias=mask) with num_heads and
+scale, as onnxruntime's contrib operator docs define it. The projections stay as they are. A
+padding mask of shape (B|1, 1, 1, T) is expanded to one row per query first, for attention_bias
+must be (B|1, N|1, S, T).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ._graph import (
+    MS_DOMAIN,
+    Constants,
+    Shapes,
+    attr,
+    consumers,
+    copy_model,
+    ensure_opset,
+    graph_output_names,
+    only_reader,
+    opset_version,
+    producers,
+    scalar,
+    set_nodes,
+    splice,
+)
+
+HEADS_FIRST = [0, 2, 1, 3]
+
+
+def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
+    model = copy_model(model)
+    graph = model.graph
+    m = _Matcher(model)
+    nodes = list(graph.node)
+    fused_any = False
+    expanded: dict[tuple, str] = {}  # one Expand per padding mask, shared by every layer
+    for softmax in list(nodes):
+        if softmax.op_type != "Softmax" or softmax.domain not in ("", "ai.onnx"):
+            continue
+        match = m.match(softmax)
+        if match is None:
+            continue
+        pattern, inputs, output, heads, scale, query_rows = match
+        new = []
+        if query_rows:  # a padding mask (.., 1, T): one row per query, as attention_bias wants
+            key = (inputs[5], query_rows)
+            if key not in expanded:
+                expanded[key] = _expand_rows(graph, nodes, inputs[5], query_rows)
+                new.append(helper.make_node("Expand", [inputs[5], expanded[key] + "_shape"],
+                                            [expanded[key]], name=expanded[key]))
+            inputs[5] = expanded[key]
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        new.append(helper.make_node("MultiHeadAttention", inputs, [output], domain=MS_DOMAIN,
+                                    name=softmax.name or output, num_heads=heads, scale=scale))
+        nodes = splice(nodes, pattern, new)
+        fused_any = True
+    set_nodes(graph, nodes)
+    if fused_any:
+        ensure_opset(model, MS_DOMAIN, 1)
+    return model
+
+
+def _expand_rows(graph, nodes, mask, rows) -> str:
+    """A fresh name for the expanded mask, with its target shape stored as `<name>_shape`."""
+    taken = {o for n in nodes for o in n.output} | {i.name for i in graph.initializer}
+    taken |= {i.name for i in graph.input}
+    name, k = f"{mask}_rows", 0
+    while name in taken or f"{name}_shape" in taken:
+        k += 1
+        name = f"{mask}_rows_{k}"
+    graph.initializer.append(numpy_helper.from_array(np.array([1, 1, rows, 1], np.int64),
+                                                     f"{name}_shape"))
+    return name
+
+
+class _Matcher:
+    def __init__(self, model):
+        graph = model.graph
+        self.shapes, self.constants = Shapes(model), Constants(graph)
+        self.uses, self.outputs = consumers(graph), graph_output_names(graph)
+        self.made_by = producers(graph)
+        self.opset = opset_version(model)
+
+    def producer(self, name, op_type, reader=None):
+        """The ai.onnx `op_type` node making `name`, read only by `reader` when one is given."""
+        p = self.made_by.get(name)
+        if p is None or p.op_type != op_type or p.domain not in ("", "ai.onnx"):
+            return None
+        if reader is not None and only_reader(self.uses, self.outputs, name) is not reader:
+            return None
+        return p
+
+    def reader(self, node, op_type):
+        r = only_reader(self.uses, self.outputs, node.output[0])
+        return r if r is not None and r.op_type == op_type and r.domain in ("", "ai.onnx") else None
+
+    def match(self, softmax):
+        if not self._last_axis_softmax(softmax):
+            return None
+        scaled, mask, mask_add = self._scores(softmax)
+        if scaled is None:
+            return None
+        qk = self.producer(scaled.input[0], "MatMul", scaled)
+        scale = scalar(self.constants, scaled.input[1])
+        if qk is None or not scale:
+            return None
+        scale = 1.0 / scale if scaled.op_type == "Div" else scale
+        q = self._split_heads(qk.input[0], qk, key=False)
+        k = self._split_heads(qk.input[1], qk, key=True)
+        weighted = self.reader(softmax, "MatMul")
+        if q is None or k is None or weighted is None or weighted.input[0] != softmax.output[0]:
+            return None
+        v = self._split_heads(weighted.input[1], weighted, key=False)
+        merged = self._merge_heads(weighted)
+        if v is None or merged is None:
+            return None
+        (q_in, q_nodes, heads, head_size), (k_in, k_nodes, *k_dims), (v_in, v_nodes, *v_dims) = (
+            q, k, v)
+        if k_dims != [heads, head_size] or v_dims != [heads, head_size]:
+            return None
+        if not self._projections_fit(q_in, k_in, v_in, merged[-1].output[0], heads * head_size):
+            return None
+        query_rows = None
+        if mask is not None:
+            query_rows = self._mask_rows(mask, qk.output[0], q_in)
+            if query_rows is None:
+                return None
+        pattern = q_nodes + k_nodes + v_nodes + [qk, scaled] + mask_add + [softmax, weighted]
+        inputs = [q_in, k_in, v_in, "", "", mask or ""]
+        return pattern + merged, inputs, merged[-1].output[0], heads, scale, query_rows
+
+    def _last_axis_softmax(self, softmax) -> bool:
+        axis = attr(softmax, "axis", -1 if self.opset >= 13 else 1)
+        return self.shapes.rank(softmax.input[0]) == 4 and axis in (-1, 3) and (
+            self.shapes.elem_type(softmax.input[0]) == onnx.TensorProto.FLOAT)
+
+    def _scores(self, softmax):
+        """(the scaling node, the additive mask or None, [the mask Add] or [])."""
+        source = self.made_by.get(softmax.input[0])
+        if source is None or only_reader(self.uses, self.outputs, softmax.input[0]) is not softmax:
+            return None, None, []
+        if source.op_type in ("Div", "Mul") and source.domain in ("", "ai.onnx"):
+            return source, None, []
+        if source.op_type != "Add" or source.domain not in ("", "ai.onnx"):
+            return None, None, []
+        for i in (0, 1):
+            for op_type in ("Div", "Mul"):
+                scaled = self.producer(source.input[i], op_type, source)
+                if scaled is not None and self.made_by.get(scaled.input[0]) is not None:
+                    return scaled, source.input[1 - i], [source]
+        return None, None, []
+
+    def _split_heads(self, name, reader, key):
+        """(the [B, S, N*H] input, the nodes, N, H) for Reshape + Transpose(s) ending at `name`."""
+        last = self.producer(name, "Transpose", reader)
+        if last is None:
+            return None
+        nodes = [last]
+        perm = list(attr(last, "perm", []))
+        if key and perm == [0, 1, 3, 2]:
+            first = self.producer(last.input[0], "Transpose", last)
+            if first is None or list(attr(first, "perm", [])) != HEADS_FIRST:
+                return None
+            nodes.insert(0, first)
+        elif perm != ([0, 2, 3, 1] if key else HEADS_FIRST):
+            return None
+        reshape = self.producer(nodes[0].input[0], "Reshape", nodes[0])
+        target = self.constants.get(reshape.input[1]) if reshape is not None else None
+        if target is None or target.size != 4 or attr(reshape, "allowzero", 0):
+            return None
+        heads, head_size = int(target[2]), int(target[3])
+        if heads <= 0 or head_size <= 0:
+            return None
+        return reshape.input[0], [reshape] + nodes, heads, head_size
+
+    def _merge_heads(self, weighted):
+        transpose = self.reader(weighted, "Transpose")
+        if transpose is None or list(attr(transpose, "perm", [])) != HEADS_FIRST:
+            return None
+        reshape = self.reader(transpose, "Reshape")
+        if reshape is None or reshape.input[0] != transpose.output[0]:
+            return None
+        return [transpose, reshape]
+
+    def _projections_fit(self, q, k, v, out, hidden) -> bool:
+        shapes = self.shapes
+        if any(shapes.rank(n) != 3 or shapes.elem_type(n) != onnx.TensorProto.FLOAT
+               for n in (q, k, v)):
+            return False
+        if any(shapes.shape(n)[2] != hidden for n in (q, k, v)):
+            return False
+        return shapes.same_shape(q, out)
+
+    def _mask_rows(self, mask, scores, q):
+        """For an additive mask MultiHeadAttention can take as attention_bias (B|1, N|1, S, T):
+        0 when it has that shape, S when its query axis is 1 and must be expanded to S rows,
+        None when it cannot be used."""
+        shape, full = self.shapes.shape(mask), self.shapes.shape(scores)
+        if shape is None or full is None or len(shape) != 4 or (
+                self.shapes.elem_type(mask) != self.shapes.elem_type(q)):
+            return None
+        batch_heads_keys = all(d is not None and (d == f or (axis < 2 and d == 1))
+                               for axis, (d, f) in enumerate(zip(shape, full)) if axis != 2)
+        if not batch_heads_keys:
+            return None
+        if shape[2] == full[2] and shape[2] is not None:
+            return 0
+        return full[2] if shape[2] == 1 and isinstance(full[2], int) else None

@@ -1,0 +1,75 @@
+"""Conv followed by BatchNormalization at inference becomes one Conv whose weights and bias
+carry the normalization: W' = W * s, B' = (B - mean) * s + beta with s = gamma / sqrt(var + eps)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ._graph import (
+    Constants,
+    add_initializer,
+    attr,
+    consumers,
+    copy_model,
+    graph_output_names,
+    only_reader,
+    opset_version,
+    set_nodes,
+    splice,
+)
+
+
+def fold_conv_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
+    model = copy_model(model)
+    graph = model.graph
+    constants = Constants(graph)
+    uses, outputs = consumers(graph), graph_output_names(graph)
+    opset = opset_version(model)
+    nodes = list(graph.node)
+    for conv in list(nodes):
+        if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
+            continue
+        bn = only_reader(uses, outputs, conv.output[0])
+        if bn is None or bn.op_type != "BatchNormalization" or not _is_inference(bn, uses,
+                                                                                  outputs, opset):
+            continue
+        folded = _folded_weights(conv, bn, constants)
+        if folded is None:
+            continue
+        w, b = folded
+        inputs = [conv.input[0], add_initializer(graph, conv.input[1] + "_bn", w),
+                  add_initializer(graph, (conv.name or bn.output[0]) + "_bn_bias", b)]
+        fused = helper.make_node("Conv", inputs, [bn.output[0]], name=conv.name or bn.name)
+        fused.attribute.extend(conv.attribute)
+        nodes = splice(nodes, [conv, bn], [fused])
+    set_nodes(graph, nodes)
+    return model
+
+
+def _is_inference(bn, uses, outputs, opset) -> bool:
+    if attr(bn, "training_mode", 0) or (opset < 7 and attr(bn, "is_test", 0) == 0):
+        return False
+    if attr(bn, "spatial", 1) == 0:
+        return False
+    # running statistics and saved mean/var are training outputs
+    return not any(o and (o in outputs or o in uses) for o in bn.output[1:])
+
+
+def _folded_weights(conv, bn, constants):
+    w = constants.get(conv.input[1])
+    bias = constants.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+    if len(conv.input) > 2 and conv.input[2] and bias is None:
+        return None
+    params = [constants.get(name) for name in bn.input[1:5]]
+    if w is None or any(p is None for p in params) or w.dtype.kind != "f":
+        return None
+    gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
+    channels = w.shape[0]
+    if any(p.size != channels for p in (gamma, beta, mean, var)):
+        return None
+    scale = gamma / np.sqrt(var + attr(bn, "epsilon", 1e-5))
+    b = np.zeros(channels) if bias is None else bias.astype(np.float64)
+    folded_w = w.astype(np.float64) * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+    folded_b = (b - mean) * scale + beta
+    return folded_w.astype(w.dtype), folded_b.astype(w.dtype)

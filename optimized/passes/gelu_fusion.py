@@ -1,0 +1,135 @@
+"""Gelu fusion for the decomposed forms exporters write:
+
+    exact:  0.5 * x * (1 + Erf(x / sqrt(2)))                               -> com.microsoft Gelu
+    tanh:   0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))       -> com.microsoft FastGelu
+
+From opset 20 both become ai.onnx Gelu (approximate "none" / "tanh").
+"""
+from __future__ import annotations
+
+import math
+
+import onnx
+from onnx import helper
+
+from ._graph import (
+    MS_DOMAIN,
+    Constants,
+    consumers,
+    copy_model,
+    ensure_opset,
+    graph_output_names,
+    is_close,
+    only_reader,
+    opset_version,
+    producers,
+    scalar,
+    set_nodes,
+    splice,
+)
+
+
+def fuse_gelu(model: onnx.ModelProto) -> onnx.ModelProto:
+    model = copy_model(model)
+    graph = model.graph
+    constants = Constants(graph)
+    ctx = _Context(consumers(graph), graph_output_names(graph), producers(graph), constants)
+    opset = opset_version(model)
+    nodes = list(graph.node)
+    used_ms = False
+    for node in list(nodes):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Erf", "Tanh"):
+            continue
+        match = _match_erf(node, ctx) if node.op_type == "Erf" else _match_tanh(node, ctx)
+        if match is None:
+            continue
+        pattern, x, y = match
+        name = node.name or y
+        if opset >= 20:
+            approximate = "none" if node.op_type == "Erf" else "tanh"
+            fused = helper.make_node("Gelu", [x], [y], name=name, approximate=approximate)
+        else:
+            op_type = "Gelu" if node.op_type == "Erf" else "FastGelu"
+            fused = helper.make_node(op_type, [x], [y], name=name, domain=MS_DOMAIN)
+            used_ms = True
+        nodes = splice(nodes, pattern, [fused])
+    set_nodes(graph, nodes)
+    if used_ms:
+        ensure_opset(model, MS_DOMAIN, 1)
+    return model
+
+
+class _Context:
+    def __init__(self, uses, outputs, made_by, constants):
+        self.uses, self.outputs, self.made_by, self.constants = uses, outputs, made_by, constants
+
+    def reader(self, node, op_type):
+        """The only reader of node's output, if it is an ai.onnx `op_type`."""
+        r = only_reader(self.uses, self.outputs, node.output[0])
+        return r if r is not None and r.op_type == op_type and r.domain in ("", "ai.onnx") else None
+
+    def producer(self, name, op_type):
+        p = self.made_by.get(name)
+        return p if p is not None and p.op_type == op_type and p.domain in ("", "ai.onnx") else None
+
+    def split_constant(self, node, value):
+        """For a binary node with one constant input close to `value`: the other input."""
+        if node is None or len(node.input) != 2:
+            return None
+        for i in (0, 1):
+            if is_close(scalar(self.constants, node.input[i]), value, rel=1e-3):
+                return node.input[1 - i]
+        return None
+
+
+def _match_erf(erf, ctx):
+    scaled = ctx.made_by.get(erf.input[0])
+    if scaled is None or ctx.reader(scaled, "Erf") is not erf:
+        return None
+    if scaled.op_type == "Div" and is_close(scalar(ctx.constants, scaled.input[1]),
+                                            math.sqrt(2.0)):
+        x = scaled.input[0]
+    elif scaled.op_type == "Mul":
+        x = ctx.split_constant(scaled, 1.0 / math.sqrt(2.0))
+    else:
+        return None
+    return _tail(x, [scaled, erf], ctx) if x else None
+
+
+def _match_tanh(tanh, ctx):
+    scaled = ctx.producer(tanh.input[0], "Mul")
+    if scaled is None or ctx.reader(scaled, "Tanh") is not tanh:
+        return None
+    inner = ctx.producer(ctx.split_constant(scaled, math.sqrt(2.0 / math.pi)) or "", "Add")
+    if inner is None or ctx.reader(inner, "Mul") is not scaled:
+        return None
+    for x, cubic_term in (list(inner.input), list(inner.input)[::-1]):
+        cubic_scaled = ctx.producer(cubic_term, "Mul")
+        cube = ctx.producer(ctx.split_constant(cubic_scaled, 0.044715) or "", "Pow")
+        if cube is None or cube.input[0] != x or scalar(ctx.constants, cube.input[1]) != 3.0:
+            continue
+        if ctx.reader(cube, "Mul") is not cubic_scaled or ctx.reader(cubic_scaled,
+                                                                      "Add") is not inner:
+            continue
+        return _tail(x, [cube, cubic_scaled, inner, scaled, tanh], ctx)
+    return None
+
+
+def _tail(x, pattern, ctx):
+    """Match `0.5 * x * (1 + pattern)` after the Erf/Tanh: (all nodes, x, output name)."""
+    plus_one = ctx.reader(pattern[-1], "Add")
+    if plus_one is None or ctx.split_constant(plus_one, 1.0) != pattern[-1].output[0]:
+        return None
+    product = ctx.reader(plus_one, "Mul")
+    if product is None:
+        return None
+    other = product.input[1] if product.input[0] == plus_one.output[0] else product.input[0]
+    if other == x:  # (x * (1 + ...)) * 0.5
+        half = ctx.reader(product, "Mul")
+        if half is None or ctx.split_constant(half, 0.5) != product.output[0]:
+            return None
+        return pattern + [plus_one, product, half], x, half.output[0]
+    half = ctx.producer(other, "Mul")  # (x * 0.5) * (1 + ...)
+    if half is None or ctx.split_constant(half, 0.5) != x or ctx.reader(half, "Mul") is not product:
+        return None
+    return [half] + pattern + [plus_one, product], x, product.output[0]

@@ -1,0 +1,113 @@
+"""Identity and no-op elimination: nodes whose output equals their first input (Identity, Dropout
+at inference, Cast to the type it already has, Reshape to the shape it already has, Transpose with
+the identity permutation, Mul/Div by 1, Add/Sub of 0) are removed and their readers read the
+input directly."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ._graph import Constants, Shapes, attr, copy_model, graph_output_names, rename_uses, set_nodes
+
+
+def eliminate_identities(model: onnx.ModelProto) -> onnx.ModelProto:
+    model = copy_model(model)
+    graph = model.graph
+    shapes = Shapes(model)
+    constants = Constants(graph)
+    nodes = list(graph.node)
+    outputs = graph_output_names(graph)
+    for node in list(nodes):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        source = _passed_through(node, constants, shapes, model)
+        if source is None:
+            continue
+        others = [n for n in nodes if n is not node]
+        if _bypass(others, outputs, source, node.output[0]):
+            nodes = others
+    set_nodes(graph, nodes)
+    return model
+
+
+def _bypass(others, outputs, source, result) -> bool:
+    """Route readers of `result` to `source`; False where that cannot be done."""
+    if result not in outputs:
+        rename_uses(others, result, source)
+        return True
+    # the result is a graph output: the producer of the input can write that name instead
+    producer = next((n for n in others if source in n.output), None)
+    if producer is None or source in outputs:
+        return False
+    for i, name in enumerate(producer.output):
+        if name == source:
+            producer.output[i] = result
+    rename_uses(others, source, result)
+    return True
+
+
+def _passed_through(node, constants, shapes, model):
+    """The input a no-op node passes on unchanged, or None for any other node."""
+    if node.op_type in ("Mul", "Div", "Add", "Sub"):
+        return _neutral_arithmetic_input(node, constants, shapes)
+    return node.input[0] if _is_no_op(node, constants, shapes, model) else None
+
+
+def _is_no_op(node, constants, shapes, model) -> bool:
+    op = node.op_type
+    if len([o for o in node.output if o]) != 1 or not node.input or not node.input[0]:
+        return op == "Dropout" and _is_inference_dropout(node, constants, model)
+    if op == "Identity":
+        return True
+    if op == "Dropout":
+        return _is_inference_dropout(node, constants, model)
+    if op in ("Cast", "CastLike"):
+        source = shapes.elem_type(node.input[0])
+        target = attr(node, "to") if op == "Cast" else shapes.elem_type(node.input[1])
+        return source is not None and source == target
+    if op == "Reshape":
+        shape = shapes.static_shape(node.input[0])
+        return shape is not None and shape == shapes.static_shape(node.output[0])
+    if op == "Transpose":
+        perm = attr(node, "perm")
+        rank = shapes.rank(node.input[0])
+        if perm is None:
+            return rank is not None and rank <= 1
+        return list(perm) == list(range(len(perm)))
+    return False
+
+
+def _is_inference_dropout(node, constants, model) -> bool:
+    if len(node.output) > 1 and node.output[1]:
+        return False  # the mask is read
+    if attr(node, "is_test") == 0 and _opset(model) < 7:
+        return False
+    if len(node.input) > 2 and node.input[2]:
+        training = constants.get(node.input[2])
+        return training is not None and not bool(np.asarray(training).reshape(-1)[0])
+    return True
+
+
+def _opset(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _neutral_arithmetic_input(node, constants, shapes):
+    """x for x * 1, 1 * x, x / 1, x + 0, 0 + x and x - 0, when the constant widens nothing."""
+    if len(node.input) != 2:
+        return None
+    neutral = 1 if node.op_type in ("Mul", "Div") else 0
+    x, c = node.input
+    value = constants.get(c)
+    if value is None and node.op_type in ("Mul", "Add"):
+        x, c = c, x
+        value = constants.get(c)
+    if value is None or value.dtype.kind not in "fiu" or not np.all(value == neutral):
+        return None
+    # the constant must not widen the result: its broadcast leaves x's shape and type alone
+    if shapes.elem_type(x) is None or shapes.elem_type(x) != shapes.elem_type(node.output[0]):
+        return None
+    rank = shapes.rank(x)
+    if rank is not None and value.size == 1 and value.ndim <= rank:
+        return x
+    return x if shapes.same_shape(x, node.output[0]) else None

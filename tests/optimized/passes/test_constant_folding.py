@@ -1,0 +1,87 @@
+"""constant_folding: nodes whose inputs are all constants become initializers."""
+import numpy as np
+from onnx import helper, numpy_helper
+
+from optimized.passes.constant_folding import fold_constants
+
+from .helpers import assert_same_outputs, make_model, op_types
+
+
+def initializer(model, name):
+    return next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == name)
+
+
+def test_folds_a_chain_of_constant_nodes():
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(
+            np.array([1.0, 2.0, 3.0], np.float32))),
+        helper.make_node("Mul", ["c", "two"], ["c2"]),
+        helper.make_node("Sqrt", ["c2"], ["s"]),  # sqrt([2, 4, 6])
+        helper.make_node("Add", ["x", "s"], ["y"]),
+    ]
+    model = make_model(nodes, [("x", [3])], [("y", [3])], {"two": np.float32(2.0)})
+    folded = fold_constants(model)
+    assert op_types(folded) == {"Add": 1}
+    np.testing.assert_allclose(initializer(folded, "s"), [2 ** 0.5, 2.0, 6 ** 0.5], rtol=1e-6)
+    assert_same_outputs(model, folded)
+
+
+def test_folds_shape_arithmetic_with_integer_constants():
+    nodes = [helper.make_node("Concat", ["a", "b"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    model = make_model(nodes, [("x", [6])], [("y", [2, 3])],
+                       {"a": np.array([2], np.int64), "b": np.array([3], np.int64)})
+    folded = fold_constants(model)
+    assert op_types(folded) == {"Reshape": 1}
+    assert initializer(folded, "shape").tolist() == [2, 3]
+    assert_same_outputs(model, folded)
+
+
+def test_leaves_random_ops_and_graph_inputs_alone():
+    nodes = [helper.make_node("RandomUniformLike", ["c"], ["r"], seed=1.0),
+             helper.make_node("Mul", ["r", "x"], ["m"]),
+             helper.make_node("Add", ["m", "c"], ["y"])]
+    model = make_model(nodes, [("x", [2])], [("y", [2])], {"c": np.ones(2, np.float32)})
+    assert op_types(fold_constants(model)) == op_types(model)
+
+
+def test_leaves_overridable_initializers_alone():
+    # from IR 4 an initializer that is also a graph input is a default the user may replace
+    nodes = [helper.make_node("Neg", ["c"], ["n"]), helper.make_node("Add", ["x", "n"], ["y"])]
+    model = make_model(nodes, [("x", [2]), ("c", [2])], [("y", [2])],
+                       {"c": np.ones(2, np.float32)})
+    assert op_types(fold_constants(model)) == op_types(model)
+
+
+def test_skips_results_larger_than_the_limit():
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"]),
+             helper.make_node("Add", ["x", "big"], ["y"])]
+    model = make_model(nodes, [("x", [100])], [("y", [100])],
+                       {"shape": np.array([100], np.int64)})
+    assert op_types(fold_constants(model, max_elements=99)) == op_types(model)
+    assert op_types(fold_constants(model, max_elements=100)) == {"Add": 1}
+
+
+def test_leaves_a_node_that_would_fail_for_the_run_to_report():
+    nodes = [helper.make_node("Reshape", ["c", "bad_shape"], ["r"]),
+             helper.make_node("Add", ["x", "r"], ["y"])]
+    model = make_model(nodes, [("x", [4])], [("y", [4])],
+                       {"c": np.ones(4, np.float32), "bad_shape": np.array([3], np.int64)})
+    assert op_types(fold_constants(model)) == op_types(model)
+
+
+def test_does_not_turn_a_graph_output_into_an_initializer():
+    nodes = [helper.make_node("Neg", ["c"], ["y"])]
+    model = make_model(nodes, [], [("y", [2])], {"c": np.ones(2, np.float32)})
+    assert op_types(fold_constants(model)) == {"Neg": 1}
+
+
+def test_folding_into_an_ir3_model_moves_it_to_ir4():
+    # before IR 4 an initializer had to be listed as a graph input too
+    two = numpy_helper.from_array(np.array([2.0], np.float32))
+    nodes = [helper.make_node("Constant", [], ["c"], value=two),
+             helper.make_node("Mul", ["x", "c"], ["y"])]
+    model = make_model(nodes, [("x", [2])], [("y", [2])], opset=7, ir_version=3)
+    folded = fold_constants(model)
+    assert op_types(folded) == {"Mul": 1} and folded.ir_version == 4
+    assert_same_outputs(model, folded)

@@ -1,0 +1,45 @@
+"""dead_code: nodes, initializers and value_info that reach no graph output go."""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from optimized.passes.dead_code import eliminate_dead_code
+
+from .helpers import assert_same_outputs, make_model, op_types
+
+
+def test_removes_a_branch_nothing_reads_and_its_weights():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Mul", ["x", "w"], ["unused"]),
+             helper.make_node("Neg", ["unused"], ["unused2"]),
+             helper.make_node("Abs", ["r"], ["y"])]
+    model = make_model(nodes, [("x", [3])], [("y", [3])], {"w": np.ones(3, np.float32)})
+    model.graph.value_info.append(helper.make_tensor_value_info("unused", TensorProto.FLOAT, [3]))
+    cleaned = eliminate_dead_code(model)
+    assert op_types(cleaned) == {"Relu": 1, "Abs": 1}
+    assert not cleaned.graph.initializer and not cleaned.graph.value_info
+    assert_same_outputs(model, cleaned)
+
+
+def test_keeps_what_a_subgraph_reads_from_the_outer_scope():
+    then_branch = helper.make_graph([helper.make_node("Identity", ["outer"], ["t"])], "then", [],
+                                    [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["outer"], ["e"])], "else", [],
+                                    [helper.make_tensor_value_info("e", TensorProto.FLOAT, [3])])
+    nodes = [helper.make_node("Relu", ["x"], ["outer"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then_branch,
+                              else_branch=else_branch)]
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    model = make_model(nodes, [("x", [3]), cond], [("y", [3])])
+    cleaned = eliminate_dead_code(model)
+    assert op_types(cleaned) == {"Relu": 1, "If": 1}
+    onnx.checker.check_model(cleaned, full_check=True)
+    for flag in (True, False):
+        feeds = {"x": np.array([-1.0, 0.5, 2.0], np.float32), "cond": np.array(flag)}
+        assert_same_outputs(model, cleaned, feeds=feeds)
+
+
+def test_keeps_graph_inputs_even_when_unused():
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    model = make_model(nodes, [("x", [3]), ("spare", [2])], [("y", [3])])
+    assert [i.name for i in eliminate_dead_code(model).graph.input] == ["x", "spare"]

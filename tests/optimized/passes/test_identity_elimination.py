@@ -1,0 +1,90 @@
+"""identity_elimination: Identity, inference Dropout, same-type Cast, same-shape Reshape,
+identity Transpose, Mul/Div by 1 and Add/Sub of 0 are bypassed."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from optimized.passes.identity_elimination import eliminate_identities
+
+from .helpers import assert_same_outputs, make_model, op_types
+
+
+def chain(op_type, *extra_inputs, shape=(2, 3), out_shape=(2, 3), initializers=None, **attrs):
+    """x -> Relu -> op -> Abs -> y: the op under test sits between two ordinary nodes."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node(op_type, ["r", *extra_inputs], ["o"], **attrs),
+             helper.make_node("Abs", ["o"], ["y"])]
+    return make_model(nodes, [("x", list(shape))], [("y", list(out_shape))], initializers or {})
+
+
+NO_OPS = {
+    "Identity": chain("Identity"),
+    "Dropout": chain("Dropout"),
+    "Dropout, training_mode false": chain("Dropout", "ratio", "training",
+                                          initializers={"ratio": np.float32(0.5),
+                                                        "training": np.array(False)}),
+    "Cast to float": chain("Cast", to=TensorProto.FLOAT),
+    "Reshape to its shape": chain("Reshape", "s", initializers={"s": np.array([2, -1])}),
+    "Transpose identity": chain("Transpose", perm=[0, 1]),
+    "Mul by 1": chain("Mul", "one", initializers={"one": np.float32(1.0)}),
+    "Div by ones": chain("Div", "one", initializers={"one": np.ones(3, np.float32)}),
+    "Add of 0": chain("Add", "zero", initializers={"zero": np.zeros((1, 3), np.float32)}),
+    "Sub of 0": chain("Sub", "zero", initializers={"zero": np.float32(0.0)}),
+}
+
+
+@pytest.mark.parametrize("name", NO_OPS)
+def test_no_op_is_removed(name):
+    model = NO_OPS[name]
+    rewritten = eliminate_identities(model)
+    assert op_types(rewritten) == {"Relu": 1, "Abs": 1}
+    assert_same_outputs(model, rewritten)
+
+
+KEPT = {
+    "Dropout in training": chain("Dropout", "ratio", "training",
+                                 initializers={"ratio": np.float32(0.5),
+                                               "training": np.array(True)}),
+    "Cast to double": chain("Cast", to=TensorProto.DOUBLE),
+    "Cast to int": chain("Cast", to=TensorProto.INT32),
+    "Reshape to another shape": chain("Reshape", "s", initializers={"s": np.array([3, 2])}),
+    "Transpose swapping axes": chain("Transpose", perm=[1, 0]),
+    "Mul by 2": chain("Mul", "two", initializers={"two": np.float32(2.0)}),
+    "Mul by ones that broadcast wider": chain("Mul", "one", out_shape=(4, 2, 3),
+                                              initializers={"one": np.ones((4, 1, 1), np.float32)}),
+    "0 minus x": None,
+}
+
+
+@pytest.mark.parametrize("name", KEPT)
+def test_op_that_changes_its_input_is_kept(name):
+    model = KEPT[name]
+    if model is None:  # Sub is not symmetric: 0 - x is no no-op
+        nodes = [helper.make_node("Sub", ["zero", "x"], ["y"])]
+        model = make_model(nodes, [("x", [3])], [("y", [3])], {"zero": np.float32(0.0)})
+    assert op_types(eliminate_identities(model)) == op_types(model)
+
+
+@pytest.mark.parametrize("op_type,neutral", [("Mul", 1.0), ("Add", 0.0)])
+def test_neutral_constant_first_is_removed(op_type, neutral):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node(op_type, ["c", "r"], ["o"]),
+             helper.make_node("Abs", ["o"], ["y"])]
+    model = make_model(nodes, [("x", [2, 3])], [("y", [2, 3])], {"c": np.float32(neutral)})
+    rewritten = eliminate_identities(model)
+    assert op_types(rewritten) == {"Relu": 1, "Abs": 1}
+    assert list(rewritten.graph.node[1].input) == ["r"]
+    assert_same_outputs(model, rewritten)
+
+
+def test_identity_between_input_and_output_stays():
+    model = make_model([helper.make_node("Identity", ["x"], ["y"])], [("x", [2])], [("y", [2])])
+    assert op_types(eliminate_identities(model)) == {"Identity": 1}
+
+
+def test_identity_onto_a_graph_output_renames_the_producer():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])]
+    model = make_model(nodes, [("x", [2])], [("y", [2])])
+    rewritten = eliminate_identities(model)
+    assert [(n.op_type, list(n.output)) for n in rewritten.graph.node] == [("Relu", ["y"])]
+    assert_same_outputs(model, rewritten)

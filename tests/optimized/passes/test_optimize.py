@@ -1,0 +1,134 @@
+"""optimize(model, level) and the PASSES registry, over whole models."""
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import helper
+
+from optimized.passes import PASSES, optimize
+
+from .helpers import assert_same_outputs, gpt2_block, make_model, op_types
+
+
+def test_registry_names_levels_and_functions():
+    names = {p.name: p.level for p in PASSES}
+    for name in ("constant_folding", "dead_code", "identity_elimination", "cse"):
+        assert names[name] == 1
+    for name in ("conv_bn_folding", "matmul_add_to_gemm", "fuse_bias_activation",
+                 "layer_norm_fusion", "gelu_fusion", "attention_fusion"):
+        assert names[name] == 2
+    assert all(callable(p.function) for p in PASSES)
+
+
+def test_level_0_changes_nothing():
+    model = gpt2_block()
+    assert optimize(model, 0) == model
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2"])
+def test_bad_level_is_named(bad):
+    with pytest.raises(ValueError, match="optimization level"):
+        optimize(gpt2_block(), bad)
+
+
+def test_not_a_model_is_named():
+    with pytest.raises(TypeError, match="ModelProto"):
+        optimize(b"not a model", 1)
+
+
+def test_level_1_cleans_up_without_fusing():
+    model = gpt2_block()
+    cleaned = optimize(model, 1)
+    assert "Identity" not in op_types(cleaned)
+    assert op_types(cleaned)["ReduceMean"] == 4 and "LayerNormalization" not in op_types(cleaned)
+    assert_same_outputs(model, cleaned)
+
+
+@pytest.mark.parametrize("opset,expected", [
+    (17, {"LayerNormalization": 2, "com.microsoft::FastGelu": 1,
+          "com.microsoft::MultiHeadAttention": 1}),
+    (20, {"LayerNormalization": 2, "Gelu": 1, "com.microsoft::MultiHeadAttention": 1}),
+    # before 17 only the LayerNorm after the residual Add can fuse
+    (13, {"com.microsoft::SkipLayerNormalization": 1, "ReduceMean": 2,
+          "com.microsoft::FastGelu": 1, "com.microsoft::MultiHeadAttention": 1}),
+])
+def test_gpt2_block_at_level_2(opset, expected):
+    model = gpt2_block(opset)
+    fused = optimize(model, 2)
+    counts = op_types(fused)
+    for op_type, count in expected.items():
+        assert counts[op_type] == count, (op_type, counts)
+    # what is left: the six projections (3-D MatMul + bias Add) and the two residual Adds
+    assert counts["MatMul"] == 6 and not {"Softmax", "Erf", "Tanh", "Transpose"} & set(counts)
+    assert_same_outputs(model, fused)
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_second_layer_fuses_behind_the_fused_nodes_of_the_first(opset):
+    # shapes must be inferred through the com.microsoft nodes the first layer became
+    model = gpt2_block(opset, layers=2)
+    counts = op_types(optimize(model, 2))
+    assert counts["com.microsoft::MultiHeadAttention"] == 2
+    assert counts["com.microsoft::FastGelu"] == 2
+    assert counts["LayerNormalization" if opset >= 17 else
+                  "com.microsoft::SkipLayerNormalization"] == (4 if opset >= 17 else 3)
+    assert_same_outputs(model, optimize(model, 2))
+
+
+def test_gpt2_block_with_exact_gelu_and_no_mask():
+    model = gpt2_block(gelu="erf", mask=False)
+    fused = optimize(model, 2)
+    assert op_types(fused)["com.microsoft::Gelu"] == 1
+    assert op_types(fused)["com.microsoft::MultiHeadAttention"] == 1
+    assert_same_outputs(model, fused)
+
+
+def test_optimize_is_idempotent():
+    once = optimize(gpt2_block(), 2)
+    assert optimize(once, 2) == once
+
+
+def test_saved_and_reloaded_model_still_checks(tmp_path):
+    path = tmp_path / "optimized.onnx"
+    onnx.save(optimize(gpt2_block(), 2), path)
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+# a law: whatever chain of elementwise ops with (possibly neutral or repeated) constants,
+# the optimized model computes what the original computes
+UNARY = ["Relu", "Neg", "Abs", "Tanh", "Sigmoid", "Identity"]
+BINARY = ["Add", "Sub", "Mul"]
+CONSTANTS = st.sampled_from([0.0, 1.0, 2.0, -0.5])
+
+
+@st.composite
+def elementwise_chains(draw):
+    nodes, inits, last = [], {}, "x"
+    for i in range(draw(st.integers(1, 8))):
+        if draw(st.booleans()):
+            op_type = draw(st.sampled_from(UNARY))
+            nodes.append(helper.make_node(op_type, [last], [f"t{i}"]))
+        else:
+            name = f"c{i}"
+            inits[name] = np.float32(draw(CONSTANTS))
+            # the constant may be folded first, so it comes through a small constant subgraph
+            if draw(st.booleans()):
+                nodes.append(helper.make_node("Identity", [name], [f"{name}_id"]))
+                name = f"{name}_id"
+            operands = [last, name] if draw(st.booleans()) else [name, last]
+            nodes.append(helper.make_node(draw(st.sampled_from(BINARY)), operands, [f"t{i}"]))
+        if draw(st.booleans()):  # the same node again, for cse to find
+            nodes.append(helper.make_node(nodes[-1].op_type, list(nodes[-1].input), [f"u{i}"]))
+            nodes.append(helper.make_node("Add", [f"t{i}", f"u{i}"], [f"s{i}"]))
+            last = f"s{i}"
+        else:
+            last = f"t{i}"
+    nodes.append(helper.make_node("Identity", [last], ["y"]))
+    return make_model(nodes, [("x", [2, 3])], [("y", [2, 3])], inits)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(elementwise_chains(), st.integers(1, 2))
+def test_optimized_chain_computes_the_same(model, level):
+    assert_same_outputs(model, optimize(model, level), rtol=1e-5, atol=1e-6)
