@@ -291,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--save", help="write the outputs to this .npz")
     p.set_defaults(func=cmd_run)
+
+    from .diff.cli import add_diff_parser
+
+    add_diff_parser(sub)
     return parser
 
 
