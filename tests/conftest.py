@@ -4,8 +4,10 @@ import os
 
 def pytest_addoption(parser):
     group = parser.getgroup("onnx-parity conformance")
-    group.addoption("--corpus-backend", default=os.environ.get("ONNX_PARITY_BACKEND", "reference"),
-                    help="backend the corpus tests run (default: reference)")
+    group.addoption("--corpus-backend",
+                    default=os.environ.get("ONNX_PARITY_BACKEND", "reference,optimized:0,optimized:99"),
+                    help="comma list of backends the corpus tests run "
+                         "(default: reference,optimized:0,optimized:99)")
     group.addoption("--corpus-opset", default=os.environ.get("ONNX_PARITY_OPSET", "all"),
                     help="pins the corpus tests cover: N, '7,13', '18-28' or 'all' (default)")
     group.addoption("--corpus-filter", default=os.environ.get("ONNX_PARITY_FILTER"),

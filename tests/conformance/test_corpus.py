@@ -1,5 +1,9 @@
-"""The pinned corpus as pytest cases (ids like opset21/test_abs), under the same expectations
-as `onnx-parity test`.  Choose the backend and pins with --corpus-backend / --corpus-opset."""
+"""The pinned corpus as pytest cases, under the same expectations as `onnx-parity test`.
+
+Ids are `opset21/test_abs` for the reference and `optimized:99/opset21/test_abs` for others.
+Choose backends and pins with --corpus-backend (a comma list: reference, optimized:0,
+optimized:99, onnxruntime, ...) and --corpus-opset.
+"""
 from __future__ import annotations
 
 import functools
@@ -14,24 +18,23 @@ from conformance.pins import Cache, CorpusUnavailable, CorruptPin, load_pins, se
 from conformance.runner import run_test
 
 
-def _settings(config):
-    return (config.getoption("--corpus-backend"), config.getoption("--corpus-opset"),
-            config.getoption("--corpus-filter"))
-
-
 def pytest_generate_tests(metafunc):
     if "corpus_test" not in metafunc.fixturenames:
         return
-    backend, opset, pattern = _settings(metafunc.config)
+    config = metafunc.config
+    backends = [b.strip() for b in config.getoption("--corpus-backend").split(",") if b.strip()]
+    pattern = config.getoption("--corpus-filter")
     regex = re.compile(pattern) if pattern else None
     tests = []
-    for pin in select_pins(load_pins(), opset):
+    for pin in select_pins(load_pins(), config.getoption("--corpus-opset")):
         try:
             corpus = _corpus(pin.opset)
         except (CorpusUnavailable, CorruptPin) as e:
             raise pytest.UsageError(f"conformance corpus for opset {pin.opset}: {e}") from e
         tests += [t for t in corpus.tests if regex is None or regex.search(t.id)]
-    metafunc.parametrize("corpus_test", tests, ids=[t.id for t in tests])
+    cases = [(b, t) for b in backends for t in tests]
+    ids = [t.id if b == "reference" else f"{b}/{t.id}" for b, t in cases]
+    metafunc.parametrize("backend_spec, corpus_test", cases, ids=ids)
 
 
 @functools.lru_cache(maxsize=None)
@@ -40,29 +43,30 @@ def _corpus(opset: int):
 
 
 @functools.lru_cache(maxsize=None)
-def _backend(name: str):
-    return make_backend(name)
+def _backend(spec: str):
+    name, _, level = spec.partition(":")
+    return make_backend(name, level=int(level)) if name == "optimized" else make_backend(name)
 
 
 @functools.lru_cache(maxsize=None)
-def _expectations(name: str):
-    return Expectations.load(name)
+def _expectations(spec: str):
+    name = spec.partition(":")[0]
+    return Expectations.load("optimized-cpu" if name == "optimized" else name)
 
 
 @pytest.mark.conformance
 @pytest.mark.timeout(300)
-def test_corpus(corpus_test, request):
-    name = request.config.getoption("--corpus-backend")
-    backend = _backend(name)
+def test_corpus(backend_spec, corpus_test):
+    backend = _backend(backend_spec)
     outcome, message = run_test(_corpus(corpus_test.opset), corpus_test, backend, Tolerances.load())
-    expectation = _expectations(name).lookup(corpus_test.opset, corpus_test.key)
+    expectation = _expectations(backend_spec).lookup(corpus_test.opset, corpus_test.key)
     result = verdict(outcome, None if backend.anchor else expectation)
     if result == "unavailable":
         pytest.skip(message)
     if result == "expected-fail":
         pytest.xfail(expectation.reason)
     if result == "stale-expectation":
-        pytest.fail(f"stale expectation: the test passes, but {name}.toml lists it: "
+        pytest.fail(f"stale expectation: the test passes on {backend_spec}, but it is listed: "
                     f"{expectation.reason}", pytrace=False)
     if result != "pass":
         pytest.fail(f"{outcome}: {message}", pytrace=False)
