@@ -1,10 +1,20 @@
-"""cffi builder for optimized._kernels (out-of-line API mode); run by setup.py at install."""
-import os
+"""cffi builder for optimized._kernels (out-of-line API mode); run by setup.py at install.
 
+GEMM goes through scipy-openblas32's CBLAS (symbols prefixed `scipy_`); the non-BLAS loops use
+OpenMP.  ONNX_PARITY_SANITIZE=address builds with AddressSanitizer (see tests/optimized).
+`python csrc/build.py` builds in a temporary folder and puts the extension in optimized/ under
+the name `pip install -e .` gives it.
+"""
+import os
+import shutil
+import tempfile
+
+import scipy_openblas32
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["elementwise.c"]
+ROOT = os.path.dirname(HERE)
+SOURCES = ["threads.c", "elementwise.c", "gemm.c", "conv.c", "pool.c", "rowwise.c", "attention.c"]
 
 
 def _declarations() -> str:
@@ -12,15 +22,38 @@ def _declarations() -> str:
         return "".join(line for line in f if not line.startswith("#"))
 
 
-ffibuilder = FFI()
-ffibuilder.cdef(_declarations())
-ffibuilder.set_source(
-    "optimized._kernels",
-    '#include "kernels.h"',
-    sources=[os.path.relpath(os.path.join(HERE, s)) for s in SOURCES],
-    include_dirs=[os.path.relpath(HERE)],
-    extra_compile_args=["-O3", "-std=c11"],
-)
+def _sanitizer_flags() -> list[str]:
+    kind = os.environ.get("ONNX_PARITY_SANITIZE", "")
+    return [f"-fsanitize={kind}", "-fno-omit-frame-pointer", "-g"] if kind else []
+
+
+def make_builder(csrc: str) -> FFI:
+    """The builder, with csrc/ spelled as given: setuptools wants it relative to setup.py's
+    folder (the repository root), cffi's own compile() absolute."""
+    blas_lib_dir = scipy_openblas32.get_lib_dir()
+    builder = FFI()
+    builder.cdef(_declarations())
+    builder.set_source(
+        "optimized._kernels",
+        '#include "kernels.h"',
+        sources=[os.path.join(csrc, s) for s in SOURCES],
+        include_dirs=[csrc, scipy_openblas32.get_include_dir()],
+        library_dirs=[blas_lib_dir],
+        libraries=[scipy_openblas32.get_library()],
+        # The rpath serves builds against an installed scipy-openblas32; optimized/kernels.py
+        # also loads the library from the runtime dependency before importing the extension.
+        extra_compile_args=["-O3", "-std=c11", "-fopenmp"] + _sanitizer_flags(),
+        extra_link_args=["-fopenmp", f"-Wl,-rpath,{blas_lib_dir}"] + _sanitizer_flags(),
+    )
+    return builder
+
+
+ffibuilder = make_builder("csrc")
 
 if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        built = make_builder(HERE).compile(tmpdir=tmp, verbose=True)
+        target = os.path.join(ROOT, "optimized", "_kernels.abi3.so")
+        # a new file renamed over the old one: processes that loaded the old one keep it intact
+        shutil.copyfile(built, target + ".tmp")
+        os.replace(target + ".tmp", target)

@@ -1,4 +1,7 @@
+#include <math.h>
+
 #include "kernels.h"
+#include "internal.h"
 
 void relu_f32(const float *x, float *y, size_t n)
 {
@@ -6,5 +9,134 @@ void relu_f32(const float *x, float *y, size_t n)
         float v = x[i];
         /* Written as a comparison that is false for NaN, so NaN propagates as in the spec. */
         y[i] = (v < 0.0f) ? 0.0f : v;
+    }
+}
+
+static void leaky_relu(float *y, size_t n, float slope)
+{
+    for (size_t i = 0; i < n; ++i)
+        y[i] = (y[i] < 0.0f) ? y[i] * slope : y[i];
+}
+
+static void sigmoid(float *y, size_t n)
+{
+    for (size_t i = 0; i < n; ++i)
+        y[i] = 1.0f / (1.0f + expf(-y[i]));
+}
+
+static void tanh_(float *y, size_t n)
+{
+    for (size_t i = 0; i < n; ++i)
+        y[i] = tanhf(y[i]);
+}
+
+static void clip(float *y, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; ++i) {
+        float v = y[i];
+        y[i] = (v < lo) ? lo : (v > hi) ? hi : v;
+    }
+}
+
+static void gelu_erf(float *y, size_t n)
+{
+    const float inv_sqrt2 = 0.70710678118654752f;
+    for (size_t i = 0; i < n; ++i)
+        y[i] = 0.5f * y[i] * (1.0f + erff(y[i] * inv_sqrt2));
+}
+
+static void gelu_tanh(float *y, size_t n)
+{
+    const float sqrt_2_over_pi = 0.79788456080286536f;
+    for (size_t i = 0; i < n; ++i) {
+        float v = y[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(sqrt_2_over_pi * (v + 0.044715f * v * v * v)));
+    }
+}
+
+VECTOR_CLONES
+void activate_inplace(float *y, size_t n, int act, float alpha, float beta)
+{
+    switch (act) {
+    case ACT_RELU: relu_f32(y, y, n); break;
+    case ACT_LEAKY_RELU: leaky_relu(y, n, alpha); break;
+    case ACT_SIGMOID: sigmoid(y, n); break;
+    case ACT_TANH: tanh_(y, n); break;
+    case ACT_CLIP: clip(y, n, alpha, beta); break;
+    case ACT_GELU: gelu_erf(y, n); break;
+    case ACT_GELU_TANH: gelu_tanh(y, n); break;
+    default: break;
+    }
+}
+
+enum { CHUNK = 4096 };
+
+void activation_f32(const float *x, float *y, size_t n, int act, float alpha, float beta)
+{
+    size_t chunks = (n + CHUNK - 1) / CHUNK;
+    #pragma omp parallel for num_threads(threads_for(n)) schedule(static)
+    for (size_t c = 0; c < chunks; ++c) {
+        size_t start = c * CHUNK, len = (n - start < CHUNK) ? n - start : CHUNK;
+        if (x != y)
+            for (size_t i = 0; i < len; ++i)
+                y[start + i] = x[start + i];
+        activate_inplace(y + start, len, act, alpha, beta);
+    }
+}
+
+/* NaN-propagating max and min, as numpy's maximum/minimum and ONNX Max/Min. */
+static inline float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+static inline float min_nan(float a, float b) { return (a < b || a != a) ? a : b; }
+
+/* One innermost row: the strides are 0 or 1 in nearly every call, so those get loops the
+ * compiler vectorises. */
+#define BINARY_ROW(EXPR)                                                                   \
+    do {                                                                                    \
+        if (sa == 1 && sb == 1)                                                             \
+            for (int64_t i = 0; i < n; ++i) { float x = a[i], z = b[i]; y[i] = (EXPR); }    \
+        else if (sa == 1 && sb == 0)                                                        \
+            for (int64_t i = 0; i < n; ++i) { float x = a[i], z = b[0]; y[i] = (EXPR); }    \
+        else if (sa == 0 && sb == 1)                                                        \
+            for (int64_t i = 0; i < n; ++i) { float x = a[0], z = b[i]; y[i] = (EXPR); }    \
+        else                                                                                \
+            for (int64_t i = 0; i < n; ++i) {                                               \
+                float x = a[i * sa], z = b[i * sb];                                         \
+                y[i] = (EXPR);                                                              \
+            }                                                                               \
+    } while (0)
+
+VECTOR_CLONES
+static void binary_row(int op, const float *a, int64_t sa, const float *b, int64_t sb,
+                       float *y, int64_t n)
+{
+    switch (op) {
+    case BIN_ADD: BINARY_ROW(x + z); break;
+    case BIN_SUB: BINARY_ROW(x - z); break;
+    case BIN_MUL: BINARY_ROW(x * z); break;
+    case BIN_DIV: BINARY_ROW(x / z); break;
+    case BIN_MAX: BINARY_ROW(max_nan(x, z)); break;
+    case BIN_MIN: BINARY_ROW(min_nan(x, z)); break;
+    default: break;
+    }
+}
+
+void binary_f32(int op, const float *a, const int64_t *a_strides, const float *b,
+                const int64_t *b_strides, float *y, const int64_t *shape,
+                int act, float alpha, float beta)
+{
+    /* tasks: CHUNK-long pieces of each innermost row, so one long row still splits */
+    int64_t rows = shape[0] * shape[1] * shape[2], n = shape[3];
+    int64_t pieces = (n + CHUNK - 1) / CHUNK, tasks = rows * pieces;
+    #pragma omp parallel for num_threads(threads_for((size_t)(rows * n))) schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) {
+        int64_t r = t / pieces, start = (t % pieces) * CHUNK;
+        int64_t len = n - start < CHUNK ? n - start : CHUNK;
+        int64_t i0 = r / (shape[1] * shape[2]), i1 = (r / shape[2]) % shape[1], i2 = r % shape[2];
+        const float *ar = a + i0 * a_strides[0] + i1 * a_strides[1] + i2 * a_strides[2];
+        const float *br = b + i0 * b_strides[0] + i1 * b_strides[1] + i2 * b_strides[2];
+        float *yr = y + r * n + start;
+        binary_row(op, ar + start * a_strides[3], a_strides[3], br + start * b_strides[3],
+                   b_strides[3], yr, len);
+        activate_inplace(yr, (size_t)len, act, alpha, beta);
     }
 }

@@ -1,6 +1,82 @@
-/* C kernels exported to Python through cffi (declarations shared by build.py's cdef). */
+/* C kernels exported to Python through cffi.  This header is the single source of build.py's
+ * cdef (its '#' lines are dropped there).  Float32, row-major, NCHW.  Sizes are checked by the
+ * Python wrappers in optimized/kernels.py before any call. */
 #include <stddef.h>
 #include <stdint.h>
 
+/* Activation fused into the output step of gemm, conv2d and binary ops, or run on its own. */
+enum kernel_activation {
+    ACT_NONE = 0,
+    ACT_RELU = 1,
+    ACT_LEAKY_RELU = 2, /* alpha: negative slope */
+    ACT_SIGMOID = 3,
+    ACT_TANH = 4,
+    ACT_CLIP = 5,       /* alpha: min, beta: max */
+    ACT_GELU = 6,       /* erf form */
+    ACT_GELU_TANH = 7   /* tanh approximation */
+};
+
+enum kernel_binary_op { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_MAX = 4, BIN_MIN = 5 };
+
+enum kernel_reduction { RED_SUM = 0, RED_MEAN = 1, RED_MAX = 2 };
+
+/* One thread count for both the BLAS and the OpenMP loops. */
+void kernels_set_num_threads(int n);
+int kernels_get_num_threads(void);
+
 /* y[i] = max(x[i], 0); NaN passes through.  x and y may alias. */
 void relu_f32(const float *x, float *y, size_t n);
+
+/* y = act(x).  x and y may alias. */
+void activation_f32(const float *x, float *y, size_t n, int act, float alpha, float beta);
+
+/* y = act(a op b) over a collapsed 4-D shape; strides are in elements (0 = broadcast), y is
+ * contiguous.  y may alias a or b when that operand is not broadcast. */
+void binary_f32(int op, const float *a, const int64_t *a_strides, const float *b,
+                const int64_t *b_strides, float *y, const int64_t *shape,
+                int act, float alpha, float beta);
+
+/* y (m x n) = act(alpha * op(a) @ op(b) + beta * c).  op(a) is m x k (a stored k x m when
+ * trans_a), op(b) is k x n (b stored n x k when trans_b).  c may be NULL; otherwise
+ * c[i * c_row_stride + j * c_col_stride] (strides 0 broadcast). */
+void gemm_f32(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+              const float *b, float beta, const float *c, int64_t c_row_stride,
+              int64_t c_col_stride, float *y, int act, float act_alpha, float act_beta);
+
+/* y = act(conv(x, w) + bias + residual), NCHW; w is (out_c, in_c / group, k_h, k_w).  bias
+ * (out_c) and residual (shaped like y) may be NULL.  Returns 0, or -1 when out of memory. */
+int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const float *w,
+               int out_c, int k_h, int k_w, int group, int stride_h, int stride_w, int pad_top,
+               int pad_left, int dil_h, int dil_w, const float *bias, const float *residual,
+               float *y, int out_h, int out_w, int act, float act_alpha, float act_beta);
+
+/* Max over each window's cells inside the input (NaN propagates; -inf for an empty window). */
+void maxpool2d_f32(const float *x, int planes, int in_h, int in_w, float *y, int out_h,
+                   int out_w, int k_h, int k_w, int stride_h, int stride_w, int pad_top,
+                   int pad_left, int dil_h, int dil_w);
+
+/* Mean over each window: the divisor counts the cells inside the input, or with
+ * count_include_pad the cells inside the input plus its pads (never the ceil-mode overhang). */
+void avgpool2d_f32(const float *x, int planes, int in_h, int in_w, float *y, int out_h,
+                   int out_w, int k_h, int k_w, int stride_h, int stride_w, int pad_top,
+                   int pad_left, int pad_bottom, int pad_right, int dil_h, int dil_w,
+                   int count_include_pad);
+
+/* y[r] = sum / mean / max of row r of x (rows x cols); accumulates in double. */
+void reduce_last_f32(int kind, const float *x, float *y, size_t rows, size_t cols);
+
+/* Softmax of each row of x (rows x cols).  x and y may alias. */
+void softmax_last_f32(const float *x, float *y, size_t rows, size_t cols);
+
+/* y = (x - mean) / sqrt(var + epsilon) * scale + bias per row; bias, mean and inv_std (one
+ * value per row) may be NULL.  x and y may alias. */
+void layernorm_last_f32(const float *x, const float *scale, const float *bias, float *y,
+                        float *mean, float *inv_std, size_t rows, size_t cols, float epsilon);
+
+/* y = softmax(q k^T * scale + mask) v for each (batch, head): q (B, H, Sq, D), k (B, H, Sk, D),
+ * v (B, H, Sk, Dv), y (B, H, Sq, Dv).  mask may be NULL, else mask[b*s0 + h*s1 + i*s2 + j*s3].
+ * With causal, query i sees keys j <= i + causal_offset.  A query that sees no key gets zeros.
+ * Returns 0, or -1 when out of memory. */
+int attention_f32(const float *q, const float *k, const float *v, float *y, int batch,
+                  int heads, int q_len, int kv_len, int head_size, int v_head_size, float scale,
+                  const float *mask, const int64_t *mask_strides, int causal, int causal_offset);

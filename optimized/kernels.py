@@ -1,7 +1,36 @@
-"""NumPy-facing wrappers over the C kernels in csrc/ (the cffi extension optimized._kernels)."""
+"""NumPy-facing wrappers over the C kernels in csrc/ (the cffi extension optimized._kernels).
+
+Every wrapper takes float32 arrays (NCHW for images), checks dtypes, ranks and shapes, makes
+inputs C-contiguous, and raises TypeError/ValueError naming the bad argument before any C code
+runs.  Results go to a new array, or to `out` (float32, C-contiguous, the result's shape).
+
+Fused activations are named like the ONNX ops they stand for, with their attributes in
+`activation_params`, as com.microsoft FusedConv/FusedGemm spell them:
+"Relu", "LeakyRelu" (alpha=0.01), "Sigmoid", "Tanh", "Clip" (min=-inf, max=inf), "Gelu" (erf
+form) and "GeluTanh" (the tanh approximation).
+
+Threads: one OpenMP pool of `set_num_threads(n)` threads (default: the CPUs this process may
+use).  GEMMs are split into independent blocks across that pool, each block a single-threaded
+BLAS call, so BLAS never starts threads of its own: no oversubscription, no nesting.
+"""
 from __future__ import annotations
 
+import ctypes
+import math
+import os
+
 import numpy as np
+import scipy_openblas32
+
+
+def _load_blas() -> None:
+    # Load the runtime dependency's BLAS under its soname first, so the extension links to it
+    # even when the rpath recorded at build time (an isolated build env) no longer exists.
+    path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(True))
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+_load_blas()
 
 try:
     from ._kernels import ffi, lib
@@ -11,17 +40,531 @@ except ImportError as e:  # pragma: no cover - only without a built extension
         "(it compiles csrc/ with cffi)"
     ) from e
 
+_INT_MAX = 2**31 - 1
 
-def _float_ptr(a: np.ndarray):
-    return ffi.cast("float *", ffi.from_buffer(a))
+ACTIVATIONS = {
+    # name: (C code, default parameters)
+    "Relu": (lib.ACT_RELU, ()),
+    "LeakyRelu": (lib.ACT_LEAKY_RELU, (0.01,)),
+    "Sigmoid": (lib.ACT_SIGMOID, ()),
+    "Tanh": (lib.ACT_TANH, ()),
+    "Clip": (lib.ACT_CLIP, (-math.inf, math.inf)),
+    "Gelu": (lib.ACT_GELU, ()),
+    "GeluTanh": (lib.ACT_GELU_TANH, ()),
+}
 
+BINARY_OPS = {
+    "Add": lib.BIN_ADD, "Sub": lib.BIN_SUB, "Mul": lib.BIN_MUL, "Div": lib.BIN_DIV,
+    "Max": lib.BIN_MAX, "Min": lib.BIN_MIN,
+}
+
+REDUCTIONS = {"sum": lib.RED_SUM, "mean": lib.RED_MEAN, "max": lib.RED_MAX}
+
+
+# --- threads -------------------------------------------------------------------------------
+
+def set_num_threads(n: int) -> None:
+    """Use n threads for every kernel (GEMM blocks and the OpenMP loops alike)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"set_num_threads needs a positive integer, got {n!r}")
+    lib.kernels_set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    return lib.kernels_get_num_threads()
+
+
+def _available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+set_num_threads(_available_cpus())
+
+
+# --- argument checks -----------------------------------------------------------------------
+
+def _f32(name: str, a) -> np.ndarray:
+    """A C-contiguous float32 array, or TypeError naming the argument."""
+    if isinstance(a, np.generic):  # a numpy scalar: a 0-d array
+        a = np.asarray(a)
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != np.float32:
+        raise TypeError(f"{name} must be float32, got {a.dtype}")
+    return np.ascontiguousarray(a)
+
+
+def _rank(name: str, a: np.ndarray, ndim: int) -> None:
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {list(a.shape)}")
+
+
+def _c_int(name: str, value: int) -> int:
+    if value > _INT_MAX:
+        raise ValueError(f"{name}={value} exceeds the C kernels' 32-bit size limit")
+    return int(value)
+
+
+def _output(out, shape: tuple, *inputs: np.ndarray, may_alias: tuple = ()) -> np.ndarray:
+    """A new result array, or `out` once checked; `out` may be one of `may_alias` only."""
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise TypeError(f"out must be a float32 numpy array, got {getattr(out, 'dtype', type(out))}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"out has shape {list(out.shape)}, the result has {list(shape)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writeable")
+    for a in inputs:
+        if any(out is m for m in may_alias) and a is out:
+            continue
+        if np.may_share_memory(out, a):
+            raise ValueError("out overlaps an input that this kernel reads while writing")
+    return out
+
+
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    """Whether `shape` broadcasts to `target` without changing it (ONNX unidirectional)."""
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
+
+
+def _ptr(a: np.ndarray):
+    return ffi.from_buffer("float[]", a)
+
+
+def _int64x4(values):
+    return ffi.new("int64_t[4]", list(values))
+
+
+def _activation(name, params) -> tuple[int, float, float]:
+    """(C code, alpha, beta) for an activation name and its parameters."""
+    if name is None:
+        if params:
+            raise ValueError(f"activation_params {params!r} given without an activation")
+        return lib.ACT_NONE, 0.0, 0.0
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}")
+    code, defaults = ACTIVATIONS[name]
+    params = tuple(params)
+    if len(params) > len(defaults):
+        raise ValueError(f"{name} takes {len(defaults)} parameters, got {len(params)}: {params}")
+    values = [float(p) for p in params] + list(defaults[len(params):]) + [0.0, 0.0]
+    alpha, beta = values[0], values[1]
+    if name == "Clip" and alpha > beta:
+        alpha = beta  # ONNX Clip: min > max sets every value to max
+    return code, alpha, beta
+
+
+# --- elementwise ---------------------------------------------------------------------------
 
 def relu_f32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Relu of a float32 array through the C kernel."""
-    if x.dtype != np.float32:
-        raise TypeError(f"relu_f32 takes float32, got {x.dtype}")
-    x = np.ascontiguousarray(x)
-    if out is None:
-        out = np.empty_like(x)
-    lib.relu_f32(_float_ptr(x), _float_ptr(out), x.size)
+    x = _f32("x", x)
+    out = _output(out, x.shape, x, may_alias=(x,))
+    lib.relu_f32(_ptr(x), _ptr(out), x.size)
+    return out
+
+
+def activation(x: np.ndarray, name: str, params=(), out: np.ndarray | None = None) -> np.ndarray:
+    """One of ACTIVATIONS applied to every element; out may be x itself."""
+    code, alpha, beta = _activation(name, params)
+    x = _f32("x", x)
+    out = _output(out, x.shape, x, may_alias=(x,))
+    lib.activation_f32(_ptr(x), _ptr(out), x.size, code, alpha, beta)
+    return out
+
+
+def gelu(x: np.ndarray, approximate: str = "none", out: np.ndarray | None = None) -> np.ndarray:
+    """ONNX Gelu: approximate "none" (erf) or "tanh"."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"Gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    return activation(x, "Gelu" if approximate == "none" else "GeluTanh", out=out)
+
+
+def _collapsed_broadcast(shape: tuple, *strides: tuple) -> tuple[list[int], list[list[int]]]:
+    """Merge adjacent axes that every operand walks as one; drop axes of length 1."""
+    dims: list[int] = []
+    merged: list[list[int]] = [[] for _ in strides]
+    for axis, size in enumerate(shape):
+        if size == 1:
+            continue
+        if dims and all(m[-1] == s[axis] * size for m, s in zip(merged, strides)):
+            dims[-1] *= size
+            for m, s in zip(merged, strides):
+                m[-1] = s[axis]
+            continue
+        dims.append(size)
+        for m, s in zip(merged, strides):
+            m.append(s[axis])
+    return dims, merged
+
+
+def binary(op: str, a: np.ndarray, b: np.ndarray, *, activation: str | None = None,
+           activation_params=(), out: np.ndarray | None = None) -> np.ndarray:
+    """act(a op b) with numpy broadcasting, op one of BINARY_OPS (Add, Sub, Mul, Div, Max, Min).
+
+    Any broadcast that collapses to 4 axes or fewer runs in C (same shape, scalar, per-channel,
+    row and column vectors); others raise ValueError so a caller can fall back.
+    """
+    if op not in BINARY_OPS:
+        raise ValueError(f"unknown binary op {op!r}; expected one of {sorted(BINARY_OPS)}")
+    code, alpha, beta = _activation(activation, activation_params)
+    a, b = _f32("a", a), _f32("b", b)
+    try:
+        shape = np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(f"{op}: shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
+    aliasable = tuple(v for v in (a, b) if v.shape == shape)
+    out = _output(out, shape, a, b, may_alias=aliasable)
+    if out.size == 0:
+        return out
+    a_strides = [s // 4 for s in np.broadcast_to(a, shape).strides]
+    b_strides = [s // 4 for s in np.broadcast_to(b, shape).strides]
+    y_strides = [s // 4 for s in np.empty(shape, np.float32).strides] if shape else []
+    dims, (sa, sb, _) = _collapsed_broadcast(shape, a_strides, b_strides, y_strides)
+    if len(dims) > 4:
+        raise ValueError(
+            f"{op}: broadcasting {list(a.shape)} with {list(b.shape)} needs {len(dims)} loop axes; "
+            "the C kernel handles 4")
+    pad = 4 - len(dims)
+    dims, sa, sb = [1] * pad + dims, [0] * pad + sa, [0] * pad + sb
+    lib.binary_f32(BINARY_OPS[op], _ptr(a), _int64x4(sa), _ptr(b), _int64x4(sb), _ptr(out),
+                   _int64x4(dims), code, alpha, beta)
+    return out
+
+
+def add(a, b, **kw):
+    return binary("Add", a, b, **kw)
+
+
+def sub(a, b, **kw):
+    return binary("Sub", a, b, **kw)
+
+
+def mul(a, b, **kw):
+    return binary("Mul", a, b, **kw)
+
+
+def div(a, b, **kw):
+    return binary("Div", a, b, **kw)
+
+
+# --- GEMM and convolution ------------------------------------------------------------------
+
+def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: float = 1.0,
+         beta: float = 1.0, trans_a: bool = False, trans_b: bool = False,
+         activation: str | None = None, activation_params=(),
+         out: np.ndarray | None = None) -> np.ndarray:
+    """act(alpha * A' @ B' + beta * C) as ONNX Gemm (C broadcast to (M, N)); M=1 or N=1 run GEMV."""
+    code, act_alpha, act_beta = _activation(activation, activation_params)
+    a, b = _f32("A", a), _f32("B", b)
+    _rank("A", a, 2)
+    _rank("B", b, 2)
+    m, k = a.shape[::-1] if trans_a else a.shape
+    kb, n = b.shape[::-1] if trans_b else b.shape
+    if k != kb:
+        raise ValueError(f"Gemm inner dimensions differ: A' is {[m, k]}, B' is {[kb, n]}")
+    for name, v in (("M", m), ("N", n), ("K", k)):
+        _c_int(name, v)
+    c_strides = (0, 0)
+    if c is not None:
+        c = _f32("C", c)
+        if not _broadcasts_to(c.shape, (m, n)):
+            raise ValueError(f"Gemm C of shape {list(c.shape)} does not broadcast to {[m, n]}")
+        c_strides = tuple(s // 4 for s in np.broadcast_to(c, (m, n)).strides)
+    inputs = (a, b) if c is None else (a, b, c)
+    out = _output(out, (m, n), *inputs)
+    lib.gemm_f32(int(bool(trans_a)), int(bool(trans_b)), m, n, k, float(alpha), _ptr(a), _ptr(b),
+                 float(beta), ffi.NULL if c is None else _ptr(c), c_strides[0], c_strides[1],
+                 _ptr(out), code, act_alpha, act_beta)
+    return out
+
+
+def window_geometry(in_shape, kernel, strides, dilations, pads, auto_pad="NOTSET",
+                    ceil_mode=False) -> tuple[list[int], list[int], list[int]]:
+    """(pads_begin, pads_end, out_shape) of a sliding window, as the ONNX Conv/Pool specs define.
+
+    pads is ONNX's [begin..., end...].  With ceil_mode, a last window that would start inside the
+    end padding is dropped.
+    """
+    rank = len(in_shape)
+    begin, end, out = [], [], []
+    for i, size in enumerate(in_shape):
+        s, extent = strides[i], (kernel[i] - 1) * dilations[i] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-size // s)
+            total = max(0, (o - 1) * s + extent - size)
+            small = total // 2
+            pb = small if auto_pad == "SAME_UPPER" else total - small
+            pe = total - pb
+        elif auto_pad == "VALID":
+            pb = pe = 0
+            o = -(-(size - extent + 1) // s) if ceil_mode else (size - extent) // s + 1
+        elif auto_pad in ("NOTSET", ""):
+            pb, pe = pads[i], pads[i + rank]
+            span = size + pb + pe - extent
+            if ceil_mode:
+                o = -(-span // s) + 1
+                if (o - 1) * s >= size + pb:
+                    o -= 1
+            else:
+                o = span // s + 1
+        else:
+            raise ValueError(f"auto_pad {auto_pad!r} is not NOTSET, SAME_UPPER, SAME_LOWER or VALID")
+        if o < 1:
+            raise ValueError(
+                f"window of kernel {list(kernel)}, dilations {list(dilations)} does not fit "
+                f"input {list(in_shape)} with pads {list(pads)} ({auto_pad})")
+        begin.append(pb)
+        end.append(pe)
+        out.append(o)
+    for name, values in (("pads", begin + end), ("strides", strides), ("dilations", dilations),
+                         ("kernel_shape", kernel), ("output shape", out)):
+        for v in values:
+            _c_int(name, v)
+    return begin, end, out
+
+
+def _pair(name: str, v, default: int, minimum: int) -> tuple[int, int]:
+    v = (default, default) if v is None else tuple(int(i) for i in v)
+    if len(v) != 2 or min(v) < minimum:
+        raise ValueError(f"{name} must be two integers >= {minimum}, got {list(v)}")
+    return v
+
+
+def _pads(pads) -> tuple[int, int, int, int]:
+    pads = (0, 0, 0, 0) if pads is None else tuple(int(p) for p in pads)
+    if len(pads) != 4 or min(pads) < 0:
+        raise ValueError(f"pads must be 4 non-negative integers [top, left, bottom, right], got {list(pads)}")
+    return pads
+
+
+def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, strides=None,
+           pads=None, dilations=None, group: int = 1, auto_pad: str = "NOTSET",
+           residual: np.ndarray | None = None, activation: str | None = None,
+           activation_params=(), out: np.ndarray | None = None) -> np.ndarray:
+    """act(Conv(x, w) + bias + residual) for NCHW x and w of shape (M, C/group, kH, kW).
+
+    1x1 stride-1 unpadded convolutions are one GEMM per image and group; others im2col first.
+    """
+    code, act_alpha, act_beta = _activation(activation, activation_params)
+    x, w = _f32("X", x), _f32("W", w)
+    _rank("X", x, 4)
+    _rank("W", w, 4)
+    batch, channels, in_h, in_w = x.shape
+    out_c, per_group, k_h, k_w = w.shape
+    if group < 1 or channels % group or out_c % group:
+        raise ValueError(f"group {group} must divide X's channels {channels} and W's outputs {out_c}")
+    if per_group * group != channels:
+        raise ValueError(f"W has {per_group} input channels per group; X has {channels} channels "
+                         f"in {group} groups")
+    strides = _pair("strides", strides, 1, 1)
+    dilations = _pair("dilations", dilations, 1, 1)
+    begin, _end, (out_h, out_w) = window_geometry(
+        (in_h, in_w), (k_h, k_w), strides, dilations, _pads(pads), auto_pad)
+    shape = (batch, out_c, out_h, out_w)
+    for name, v in (("kernel depth", per_group * k_h * k_w), ("output plane", out_h * out_w),
+                    ("input size", x.size), ("output size", math.prod(shape))):
+        _c_int(name, v)
+    if bias is not None:
+        bias = _f32("B", bias)
+        if bias.shape != (out_c,):
+            raise ValueError(f"bias must have shape {[out_c]}, got {list(bias.shape)}")
+    if residual is not None:
+        residual = _f32("residual", residual)
+        if residual.shape != shape:
+            raise ValueError(f"residual must have the output's shape {list(shape)}, got {list(residual.shape)}")
+    inputs = [v for v in (x, w, bias) if v is not None]
+    out = _output(out, shape, *inputs, *([residual] if residual is not None else []),
+                  may_alias=(residual,) if residual is not None else ())
+    if out.size == 0:
+        return out
+    status = lib.conv2d_f32(
+        _ptr(x), batch, channels, in_h, in_w, _ptr(w), out_c, k_h, k_w, group,
+        strides[0], strides[1], begin[0], begin[1], dilations[0], dilations[1],
+        ffi.NULL if bias is None else _ptr(bias),
+        ffi.NULL if residual is None else _ptr(residual),
+        _ptr(out), out_h, out_w, code, act_alpha, act_beta)
+    if status != 0:
+        raise MemoryError("conv2d could not allocate its im2col buffer")
+    return out
+
+
+# --- pooling -------------------------------------------------------------------------------
+
+def _pool_setup(x, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
+    x = _f32("X", x)
+    _rank("X", x, 4)
+    kernel = _pair("kernel_shape", kernel_shape, 0, 1) if kernel_shape is not None else None
+    if kernel is None:
+        raise ValueError("kernel_shape is required")
+    strides = _pair("strides", strides, 1, 1)
+    dilations = _pair("dilations", dilations, 1, 1)
+    pads = _pads(pads)
+    begin, end, out_hw = window_geometry(x.shape[2:], kernel, strides, dilations, pads, auto_pad,
+                                         bool(ceil_mode))
+    for name, v in (("input size", x.size), ("planes", x.shape[0] * x.shape[1])):
+        _c_int(name, v)
+    return x, kernel, strides, dilations, begin, end, out_hw
+
+
+def max_pool2d(x: np.ndarray, kernel_shape, *, strides=None, pads=None, dilations=None,
+               ceil_mode: bool = False, auto_pad: str = "NOTSET",
+               out: np.ndarray | None = None) -> np.ndarray:
+    """ONNX MaxPool (first output) on NCHW; padding never wins, NaN propagates."""
+    x, kernel, strides, dilations, begin, _, (oh, ow) = _pool_setup(
+        x, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
+    n, c, h, w = x.shape
+    out = _output(out, (n, c, oh, ow), x)
+    if out.size:
+        lib.maxpool2d_f32(_ptr(x), n * c, h, w, _ptr(out), oh, ow, *kernel, *strides, *begin,
+                          *dilations)
+    return out
+
+
+def average_pool2d(x: np.ndarray, kernel_shape, *, strides=None, pads=None, dilations=None,
+                   ceil_mode: bool = False, count_include_pad: bool = False,
+                   auto_pad: str = "NOTSET", out: np.ndarray | None = None) -> np.ndarray:
+    """ONNX AveragePool on NCHW."""
+    x, kernel, strides, dilations, begin, end, (oh, ow) = _pool_setup(
+        x, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
+    n, c, h, w = x.shape
+    out = _output(out, (n, c, oh, ow), x)
+    if out.size:
+        lib.avgpool2d_f32(_ptr(x), n * c, h, w, _ptr(out), oh, ow, *kernel, *strides, begin[0],
+                          begin[1], end[0], end[1], *dilations, int(bool(count_include_pad)))
+    return out
+
+
+def global_average_pool(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """ONNX GlobalAveragePool: the mean over every spatial axis of (N, C, ...)."""
+    x = _f32("X", x)
+    if x.ndim < 3:
+        raise ValueError(f"X must be (N, C, spatial...), got shape {list(x.shape)}")
+    shape = x.shape[:2] + (1,) * (x.ndim - 2)
+    if math.prod(x.shape[2:]) == 0:
+        raise ValueError(f"GlobalAveragePool of an empty spatial extent {list(x.shape[2:])}")
+    out = _output(out, shape, x)
+    lib.reduce_last_f32(lib.RED_MEAN, _ptr(x), _ptr(out), x.shape[0] * x.shape[1],
+                        math.prod(x.shape[2:]))
+    return out
+
+
+# --- row-wise kernels over the last axis ---------------------------------------------------
+
+def _rows(name: str, x: np.ndarray) -> tuple[int, int]:
+    if x.ndim < 1:
+        raise ValueError(f"{name} needs at least one axis, got a scalar")
+    cols = x.shape[-1]
+    return (x.size // cols if cols else math.prod(x.shape[:-1])), cols
+
+
+def reduce_last(x: np.ndarray, kind: str, *, keepdims: bool = True,
+                out: np.ndarray | None = None) -> np.ndarray:
+    """ReduceSum / ReduceMean / ReduceMax over the last axis (kind "sum", "mean" or "max")."""
+    if kind not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {kind!r}; expected one of {sorted(REDUCTIONS)}")
+    x = _f32("x", x)
+    rows, cols = _rows("reduce_last", x)
+    if cols == 0 and kind != "sum":
+        raise ValueError(f"reduce {kind} over an empty last axis of shape {list(x.shape)}")
+    shape = x.shape[:-1] + ((1,) if keepdims else ())
+    out = _output(out, shape, x)
+    if rows:
+        lib.reduce_last_f32(REDUCTIONS[kind], _ptr(x), _ptr(out), rows, cols)
+    return out
+
+
+def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Softmax over the last axis (ONNX Softmax-13 with axis=-1); out may be x."""
+    x = _f32("x", x)
+    rows, cols = _rows("softmax", x)
+    out = _output(out, x.shape, x, may_alias=(x,))
+    if rows and cols:
+        lib.softmax_last_f32(_ptr(x), _ptr(out), rows, cols)
+    return out
+
+
+def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None, *,
+               epsilon: float = 1e-5, return_stats: bool = False,
+               out: np.ndarray | None = None):
+    """LayerNormalization over the last axis; with return_stats also (mean, inv_std), each
+    shaped x.shape[:-1] + (1,) as ONNX's optional outputs."""
+    x = _f32("X", x)
+    rows, cols = _rows("layer_norm", x)
+    if cols == 0:
+        raise ValueError(f"LayerNormalization over an empty last axis of shape {list(x.shape)}")
+    scale = _f32("Scale", scale)
+    if scale.size != cols or (scale.ndim and scale.shape[-1] != cols):
+        raise ValueError(f"Scale must hold {cols} values along the last axis, got {list(scale.shape)}")
+    if bias is not None:
+        bias = _f32("B", bias)
+        if bias.size != cols or (bias.ndim and bias.shape[-1] != cols):
+            raise ValueError(f"B must hold {cols} values along the last axis, got {list(bias.shape)}")
+    if not epsilon >= 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    inputs = [v for v in (scale, bias) if v is not None]
+    out = _output(out, x.shape, x, *inputs, may_alias=(x,))
+    stats_shape = x.shape[:-1] + (1,)
+    mean = np.empty(stats_shape, np.float32) if return_stats else None
+    inv_std = np.empty(stats_shape, np.float32) if return_stats else None
+    if rows:
+        lib.layernorm_last_f32(
+            _ptr(x), _ptr(scale), ffi.NULL if bias is None else _ptr(bias), _ptr(out),
+            _ptr(mean) if return_stats else ffi.NULL, _ptr(inv_std) if return_stats else ffi.NULL,
+            rows, cols, float(epsilon))
+    return (out, mean, inv_std) if return_stats else out
+
+
+# --- attention -----------------------------------------------------------------------------
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None, *,
+              scale: float | None = None, causal: bool = False, causal_offset: int = 0,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """softmax(Q K^T * scale + mask) V per (batch, head), Q (B, H, Sq, D), K (B, H, Sk, D),
+    V (B, H, Sk, Dv).
+
+    mask: float32 added to the scores, or bool (False = masked), broadcast to (B, H, Sq, Sk).
+    causal: query i sees keys j <= i + causal_offset (causal_offset = past length when
+    decoding).  scale defaults to 1/sqrt(D).  A query that sees no key gets zeros.
+    """
+    q, k, v = _f32("Q", q), _f32("K", k), _f32("V", v)
+    for name, a in (("Q", q), ("K", k), ("V", v)):
+        _rank(name, a, 4)
+    batch, heads, q_len, head_size = q.shape
+    kv_len, v_head_size = k.shape[2], v.shape[3]
+    if k.shape != (batch, heads, kv_len, head_size):
+        raise ValueError(f"K must be {[batch, heads, 'Sk', head_size]}, got {list(k.shape)}")
+    if v.shape[:3] != (batch, heads, kv_len):
+        raise ValueError(f"V must be {[batch, heads, kv_len, 'Dv']}, got {list(v.shape)}")
+    for name, a in (("Q", q), ("K", k), ("V", v)):
+        _c_int(f"{name} size", a.size)
+    scores_shape = (batch, heads, q_len, kv_len)
+    mask_strides = (0, 0, 0, 0)
+    if mask is not None:
+        if isinstance(mask, np.ndarray) and mask.dtype == np.bool_:
+            mask = np.where(mask, np.float32(0), np.float32(-np.inf))
+        mask = _f32("mask", mask)
+        if not _broadcasts_to(mask.shape, scores_shape):
+            raise ValueError(f"mask of shape {list(mask.shape)} does not broadcast to "
+                             f"{list(scores_shape)}")
+        mask_strides = tuple(s // 4 for s in np.broadcast_to(mask, scores_shape).strides)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size) if head_size else 1.0
+    shape = (batch, heads, q_len, v_head_size)
+    inputs = [a for a in (q, k, v, mask) if a is not None]
+    out = _output(out, shape, *inputs)
+    if out.size == 0:
+        return out
+    status = lib.attention_f32(
+        _ptr(q), _ptr(k), _ptr(v), _ptr(out), batch, heads, q_len, kv_len, head_size,
+        v_head_size, float(scale), ffi.NULL if mask is None else _ptr(mask),
+        _int64x4(mask_strides), int(bool(causal)), _c_int("causal_offset", causal_offset))
+    if status != 0:
+        raise MemoryError("attention could not allocate its score buffer")
     return out

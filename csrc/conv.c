@@ -1,0 +1,226 @@
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "kernels.h"
+#include "internal.h"
+
+struct conv_geometry {
+    int channels, in_h, in_w, k_h, k_w, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
+    int out_h, out_w;
+};
+
+/* Columns [start, start + count) of the im2col matrix of one group's input:
+ * col[(c, ky, kx), j] = x[c, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw] for output position
+ * j = (oy, ox), 0 where that lands in the padding.  col rows are `count` long. */
+VECTOR_CLONES
+static void im2col_block(const float *x, const struct conv_geometry *g, int start, int count,
+                         float *col)
+{
+    int rows = g->channels * g->k_h * g->k_w;
+    for (int r = 0; r < rows; ++r) {
+        int c = r / (g->k_h * g->k_w), ky = (r / g->k_w) % g->k_h, kx = r % g->k_w;
+        const float *xc = x + (size_t)c * g->in_h * g->in_w;
+        float *out = col + (size_t)r * count;
+        int oy = start / g->out_w, ox = start % g->out_w, x0 = kx * g->dil_w - g->pad_left;
+        int lo, hi; /* output columns that read inside the input row */
+        inside_range(x0, g->stride_w, g->in_w, g->out_w, &lo, &hi);
+        for (int i = 0; i < count; ox = 0, ++oy) {
+            int run = g->out_w - ox < count - i ? g->out_w - ox : count - i;
+            int iy = oy * g->stride_h - g->pad_top + ky * g->dil_h;
+            float *dst = out + i - ox; /* dst[o] is output column o of this row */
+            if (iy < 0 || iy >= g->in_h) {
+                memset(dst + ox, 0, sizeof(float) * run);
+            } else {
+                const float *xrow = xc + (size_t)iy * g->in_w;
+                int end = ox + run, a = lo > ox ? lo : ox, b = hi < end ? hi : end;
+                if (a > b) a = b = end;
+                for (int o = ox; o < a; ++o) dst[o] = 0.0f;
+                if (g->stride_w == 1 && b > a)
+                    memcpy(dst + a, xrow + a + x0, sizeof(float) * (b - a));
+                else if (b > a)
+                    for (int o = a; o < b; ++o) dst[o] = xrow[o * g->stride_w + x0];
+                for (int o = b; o < end; ++o) dst[o] = 0.0f;
+            }
+            i += run;
+        }
+    }
+}
+
+static int is_pointwise(const struct conv_geometry *g)
+{
+    return g->k_h == 1 && g->k_w == 1 && g->stride_h == 1 && g->stride_w == 1 &&
+           g->pad_top == 0 && g->pad_left == 0 && g->out_h == g->in_h && g->out_w == g->in_w;
+}
+
+/* y[i] += a * x[i * stride]; restrict lets the compiler vectorise the stride-1 loop. */
+static inline void axpy(float *restrict y, const float *restrict x, int stride, float a, int n)
+{
+    if (stride == 1)
+        for (int i = 0; i < n; ++i) y[i] += a * x[i];
+    else
+        for (int i = 0; i < n; ++i) y[i] += a * x[i * stride];
+}
+
+/* One output plane of a depthwise convolution: tap by tap over whole output rows, so the inner
+ * loop runs along x and vectorises.  `inside` holds, per kernel column, the output columns
+ * that read inside the input. */
+VECTOR_CLONES
+static void depthwise_plane(const float *xc, const float *wc, float *yc,
+                            const struct conv_geometry *g, const int *inside)
+{
+    for (int oy = 0; oy < g->out_h; ++oy) {
+        int y0 = oy * g->stride_h - g->pad_top, fy, ly;
+        taps_inside(y0, g->k_h, g->dil_h, 0, g->in_h, &fy, &ly);
+        float *yrow = yc + (size_t)oy * g->out_w;
+        for (int ox = 0; ox < g->out_w; ++ox) yrow[ox] = 0.0f;
+        for (int ky = fy; ky < ly; ++ky) {
+            const float *row = xc + (size_t)(y0 + ky * g->dil_h) * g->in_w;
+            for (int kx = 0; kx < g->k_w; ++kx) {
+                int x0 = kx * g->dil_w - g->pad_left, lo = inside[2 * kx], hi = inside[2 * kx + 1];
+                if (hi > lo)
+                    axpy(yrow + lo, row + lo * g->stride_w + x0, g->stride_w,
+                         wc[ky * g->k_w + kx], hi - lo);
+            }
+        }
+    }
+}
+
+/* One input channel per group (depthwise, out_c / group outputs per channel): a direct loop
+ * per output plane, parallel over planes; im2col would feed BLAS one tiny GEMV per channel. */
+static int conv_depthwise(const float *x, const struct conv_geometry *g, int batch, int group,
+                          const float *w, int out_c, float *y)
+{
+    int per_channel = out_c / group, taps = g->k_h * g->k_w;
+    int *inside = malloc(sizeof(int) * 2 * (size_t)g->k_w);
+    if (inside == NULL)
+        return -1;
+    for (int kx = 0; kx < g->k_w; ++kx)
+        inside_range(kx * g->dil_w - g->pad_left, g->stride_w, g->in_w, g->out_w,
+                     &inside[2 * kx], &inside[2 * kx + 1]);
+    size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
+    int64_t planes = (int64_t)batch * out_c;
+    #pragma omp parallel for num_threads(threads_for((size_t)planes * plane * taps)) schedule(static)
+    for (int64_t p = 0; p < planes; ++p) {
+        int64_t b = p / out_c, oc = p % out_c;
+        depthwise_plane(x + ((size_t)b * group + (size_t)(oc / per_channel)) * in_plane,
+                        w + (size_t)oc * taps, y + (size_t)p * plane, g, inside);
+    }
+    free(inside);
+    return 0;
+}
+
+/* y[c, j] = act(y[c, j] + bias[c] + residual[c, j]) for channels [0, channels) and output
+ * positions j in [start, start + count); y and residual have planes of `plane`. */
+VECTOR_CLONES
+static void output_block(float *y, const float *bias, const float *residual, int channels,
+                         size_t plane, size_t start, size_t count, int act, float alpha,
+                         float beta)
+{
+    for (int c = 0; c < channels; ++c) {
+        float *yc = y + (size_t)c * plane + start;
+        if (bias != NULL) {
+            float bc = bias[c];
+            for (size_t i = 0; i < count; ++i) yc[i] += bc;
+        }
+        if (residual != NULL) {
+            const float *rc = residual + (size_t)c * plane + start;
+            for (size_t i = 0; i < count; ++i) yc[i] += rc[i];
+        }
+        activate_inplace(yc, count, act, alpha, beta);
+    }
+}
+
+/* The output step over whole images, parallel over channels. */
+static void output_step(float *y, int batch, int channels, size_t plane, const float *bias,
+                        const float *residual, int act, float alpha, float beta)
+{
+    int64_t planes = (int64_t)batch * channels;
+    #pragma omp parallel for num_threads(threads_for((size_t)planes * plane)) schedule(static)
+    for (int64_t p = 0; p < planes; ++p)
+        output_block(y + (size_t)p * plane, bias != NULL ? bias + p % channels : NULL,
+                     residual != NULL ? residual + (size_t)p * plane : NULL, 1, plane, 0, plane,
+                     act, alpha, beta);
+}
+
+enum { COL_BLOCK_FLOATS = 64 * 1024, MIN_BLOCK_COLUMNS = 64 };
+
+/* Output positions per im2col block: the block (depth x columns) stays within a few hundred
+ * KiB, so it is still in cache when the GEMM reads it. */
+static int block_columns(int depth, size_t plane)
+{
+    size_t cols = COL_BLOCK_FLOATS / (size_t)depth;
+    cols = cols < MIN_BLOCK_COLUMNS ? MIN_BLOCK_COLUMNS : cols / 16 * 16;
+    return cols < plane ? (int)cols : (int)plane;
+}
+
+/* General convolution: im2col a block of output positions, one single-threaded GEMM for it,
+ * then its output step, each block on one OpenMP thread. */
+static int conv_im2col(const float *x, const struct conv_geometry *g, int batch, int group,
+                       const float *w, int out_c, const float *bias, const float *residual,
+                       float *y, int act, float alpha, float beta)
+{
+    int out_per_group = out_c / group, depth = g->channels * g->k_h * g->k_w;
+    size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
+    int columns = block_columns(depth, plane);
+    int64_t blocks = ((int64_t)plane + columns - 1) / columns;
+    int64_t tasks = (int64_t)batch * group * blocks;
+    size_t work = (size_t)tasks * columns * depth * (size_t)out_per_group / 64;
+    int threads = threads_for(work);
+    if (threads > tasks)
+        threads = (int)tasks;
+    float *cols = malloc(sizeof(float) * (size_t)depth * columns * threads);
+    if (cols == NULL)
+        return -1;
+    #pragma omp parallel for num_threads(threads) schedule(dynamic)
+    for (int64_t t = 0; t < tasks; ++t) {
+        int64_t image = t / (group * blocks), gi = (t / blocks) % group, blk = t % blocks;
+        int start = (int)(blk * columns);
+        int count = plane - start < (size_t)columns ? (int)(plane - start) : columns;
+        float *col = cols + (size_t)depth * columns * omp_get_thread_num();
+        const float *xg = x + ((size_t)image * group * g->channels + (size_t)gi * g->channels) * in_plane;
+        size_t y_offset = ((size_t)image * out_c + (size_t)gi * out_per_group) * plane;
+        im2col_block(xg, g, start, count, col);
+        gemm_block(0, 0, out_per_group, count, depth, 1.0f, w + (size_t)gi * out_per_group * depth,
+                   depth, col, count, 0.0f, y + y_offset + start, (int)plane);
+        output_block(y + y_offset, bias != NULL ? bias + gi * out_per_group : NULL,
+                     residual != NULL ? residual + y_offset : NULL, out_per_group, plane, start,
+                     count, act, alpha, beta);
+    }
+    free(cols);
+    return 0;
+}
+
+int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const float *w,
+               int out_c, int k_h, int k_w, int group, int stride_h, int stride_w, int pad_top,
+               int pad_left, int dil_h, int dil_w, const float *bias, const float *residual,
+               float *y, int out_h, int out_w, int act, float act_alpha, float act_beta)
+{
+    struct conv_geometry g = {in_c / group, in_h, in_w, k_h, k_w, stride_h, stride_w,
+                              pad_top, pad_left, dil_h, dil_w, out_h, out_w};
+    int out_per_group = out_c / group;
+    int depth = g.channels * k_h * k_w; /* GEMM k: one column of im2col */
+    size_t plane = (size_t)out_h * out_w, in_plane = (size_t)in_h * in_w;
+    if (plane == 0 || out_c == 0 || batch == 0)
+        return 0;
+    if (g.channels == 1 && group > 1) {
+        if (conv_depthwise(x, &g, batch, group, w, out_c, y) != 0)
+            return -1;
+    } else if (depth == 0) {
+        memset(y, 0, sizeof(float) * (size_t)batch * out_c * plane);
+    } else if (is_pointwise(&g)) {
+        for (int b = 0; b < batch; ++b)
+            for (int gi = 0; gi < group; ++gi)
+                gemm_parallel(0, 0, out_per_group, (int)plane, depth, 1.0f,
+                              w + (size_t)gi * out_per_group * depth, depth,
+                              x + ((size_t)b * in_c + (size_t)gi * g.channels) * in_plane,
+                              (int)plane, 0.0f,
+                              y + ((size_t)b * out_c + (size_t)gi * out_per_group) * plane,
+                              (int)plane);
+    } else {
+        return conv_im2col(x, &g, batch, group, w, out_c, bias, residual, y, act, act_alpha,
+                           act_beta);
+    }
+    output_step(y, batch, out_c, plane, bias, residual, act, act_alpha, act_beta);
+    return 0;
+}

@@ -1,0 +1,69 @@
+/* Kernels over the last axis of a (rows x cols) array: reductions, softmax, layer norm. */
+#include <math.h>
+
+#include "kernels.h"
+#include "internal.h"
+
+static float row_reduce(int kind, const float *x, size_t cols)
+{
+    if (kind == RED_MAX) {
+        float m = -INFINITY;
+        for (size_t j = 0; j < cols; ++j) {
+            float v = x[j];
+            if (v > m || v != v) m = v;
+        }
+        return m;
+    }
+    double s = 0.0;
+    for (size_t j = 0; j < cols; ++j) s += x[j];
+    return (float)(kind == RED_MEAN ? s / (double)cols : s);
+}
+
+void reduce_last_f32(int kind, const float *x, float *y, size_t rows, size_t cols)
+{
+    #pragma omp parallel for num_threads(threads_for(rows * cols)) schedule(static)
+    for (size_t r = 0; r < rows; ++r)
+        y[r] = row_reduce(kind, x + r * cols, cols);
+}
+
+void softmax_last_f32(const float *x, float *y, size_t rows, size_t cols)
+{
+    #pragma omp parallel for num_threads(threads_for(rows * cols)) schedule(static)
+    for (size_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float m = row_reduce(RED_MAX, xr, cols);
+        double s = 0.0;
+        for (size_t j = 0; j < cols; ++j) {
+            yr[j] = expf(xr[j] - m);
+            s += yr[j];
+        }
+        float inv = (float)(1.0 / s);
+        for (size_t j = 0; j < cols; ++j) yr[j] *= inv;
+    }
+}
+
+void layernorm_last_f32(const float *x, const float *scale, const float *bias, float *y,
+                        float *mean, float *inv_std, size_t rows, size_t cols, float epsilon)
+{
+    #pragma omp parallel for num_threads(threads_for(rows * cols)) schedule(static)
+    for (size_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        double s = 0.0, ss = 0.0;
+        for (size_t j = 0; j < cols; ++j) s += xr[j];
+        double mu = s / (double)cols;
+        for (size_t j = 0; j < cols; ++j) {
+            double d = xr[j] - mu;
+            ss += d * d;
+        }
+        float m = (float)mu;
+        float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)epsilon));
+        for (size_t j = 0; j < cols; ++j) {
+            float v = (xr[j] - m) * inv * scale[j];
+            yr[j] = bias != NULL ? v + bias[j] : v;
+        }
+        if (mean != NULL) mean[r] = m;
+        if (inv_std != NULL) inv_std[r] = inv;
+    }
+}
