@@ -1,26 +1,158 @@
 """The CPU provider's fast kernels: (domain, op_type) -> function with the reference calling
-convention (inputs positional, attributes as keywords).  A kernel returns NotImplemented for a
-case it does not cover (another dtype, an unusual attribute); the reference op then runs."""
+convention (inputs positional, attributes as keywords, schema defaults filled in).
+
+A kernel covers float32 and the common layouts; for anything else it returns NotImplemented and
+the plan runs the reference op instead.  Wrapper errors (an unsupported broadcast, a rank the C
+code does not take) also fall back, so the reference op reports real model errors.
+"""
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from . import kernels
 
+MS = "com.microsoft"
 
-def relu(x):
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+
+def float32_only(fn):
+    @functools.wraps(fn)
+    def kernel(*inputs, **attrs):
+        if any(isinstance(x, np.ndarray) and x.dtype != np.float32 for x in inputs):
+            return NotImplemented
+        try:
+            return fn(*inputs, **attrs)
+        except (ValueError, TypeError):
+            return NotImplemented
+
+    return kernel
+
+
+# elementwise -------------------------------------------------------------------------------
+def _binary(op):
+    @float32_only
+    def kernel(a, b, **attrs):
+        if attrs.get("broadcast"):  # opset<7 legacy broadcasting: leave it to the reference
+            return NotImplemented
+        return kernels.binary(op, a, b)
+
+    return kernel
+
+
+def _activation(name, *param_names):
+    @float32_only
+    def kernel(x, **attrs):
+        return kernels.activation(x, name, [attrs[p] for p in param_names if p in attrs])
+
+    return kernel
+
+
+@float32_only
+def gelu(x, *, approximate="none"):
+    return kernels.gelu(x, approximate)
+
+
+@float32_only
+def fast_gelu(x, bias=None):
+    return kernels.gelu(x if bias is None else x + bias, "tanh")
+
+
+# GEMM and convolution ----------------------------------------------------------------------
+@float32_only
+def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation=None,
+         activation_alpha=None, activation_beta=None, **legacy):
+    if legacy:  # Gemm<7's broadcast attribute: the reference keeps its rules
         return NotImplemented
-    return kernels.relu_f32(x)
+    params = [p for p in (activation_alpha, activation_beta) if p is not None]
+    return kernels.gemm(a, b, c, alpha=alpha, beta=beta, trans_a=bool(transA),
+                        trans_b=bool(transB), activation=activation, activation_params=params)
+
+
+@float32_only
+def matmul(a, b):
+    if a.ndim != 2 or b.ndim != 2:
+        return NotImplemented
+    return kernels.gemm(a, b)
+
+
+def _conv(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1, pads=None,
+          strides=None, activation=None, activation_params=(), kernel_shape=None):
+    if x.ndim != 4:
+        return NotImplemented
+    return kernels.conv2d(x, w, b, strides=strides, pads=pads, dilations=dilations, group=group,
+                          auto_pad=auto_pad, residual=z, activation=activation,
+                          activation_params=list(activation_params or ()))
+
+
+conv = float32_only(lambda x, w, b=None, **attrs: _conv(x, w, b, **attrs))
+fused_conv = float32_only(_conv)
+
+
+# pooling -----------------------------------------------------------------------------------
+@float32_only
+def max_pool(x, *, kernel_shape, strides=None, pads=None, dilations=None, ceil_mode=0,
+             auto_pad="NOTSET", storage_order=0, ctx=None):
+    if x.ndim != 4 or (ctx is not None and ctx.n_outputs > 1):
+        return NotImplemented
+    return kernels.max_pool2d(x, kernel_shape, strides=strides, pads=pads, dilations=dilations,
+                              ceil_mode=bool(ceil_mode), auto_pad=auto_pad)
+
+
+@float32_only
+def average_pool(x, *, kernel_shape, strides=None, pads=None, dilations=None, ceil_mode=0,
+                 count_include_pad=0, auto_pad="NOTSET"):
+    if x.ndim != 4:
+        return NotImplemented
+    return kernels.average_pool2d(x, kernel_shape, strides=strides, pads=pads,
+                                  dilations=dilations, ceil_mode=bool(ceil_mode),
+                                  count_include_pad=bool(count_include_pad), auto_pad=auto_pad)
+
+
+@float32_only
+def global_average_pool(x):
+    return kernels.global_average_pool(x)
+
+
+# row-wise ----------------------------------------------------------------------------------
+@float32_only
+def softmax(x, *, axis=-1):
+    if axis not in (-1, x.ndim - 1):
+        return NotImplemented
+    return kernels.softmax(x)
+
+
+@float32_only
+def layer_normalization(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1, ctx=None):
+    if axis not in (-1, x.ndim - 1) or (ctx is not None and ctx.n_outputs > 1):
+        return NotImplemented
+    return kernels.layer_norm(x, scale, bias, epsilon=epsilon)
 
 
 KERNELS = {
-    ("", "Relu"): relu,
+    ("", "Add"): _binary("Add"),
+    ("", "Sub"): _binary("Sub"),
+    ("", "Mul"): _binary("Mul"),
+    ("", "Div"): _binary("Div"),
+    ("", "Relu"): _activation("Relu"),
+    ("", "Sigmoid"): _activation("Sigmoid"),
+    ("", "Tanh"): _activation("Tanh"),
+    ("", "LeakyRelu"): _activation("LeakyRelu", "alpha"),
+    ("", "Gelu"): gelu,
+    (MS, "FastGelu"): fast_gelu,
+    ("", "Gemm"): gemm,
+    (MS, "FusedGemm"): gemm,
+    ("", "MatMul"): matmul,
+    ("", "Conv"): conv,
+    (MS, "FusedConv"): fused_conv,
+    ("", "MaxPool"): max_pool,
+    ("", "AveragePool"): average_pool,
+    ("", "GlobalAveragePool"): global_average_pool,
+    ("", "Softmax"): softmax,
+    ("", "LayerNormalization"): layer_normalization,
 }
 
 
 def set_num_threads(n: int) -> None:
-    """intra_op_num_threads: 0 leaves the libraries' defaults."""
-    setter = getattr(kernels, "set_num_threads", None)
-    if n and setter is not None:
-        setter(n)
+    """intra_op_num_threads: 0 means every available core."""
+    kernels.set_num_threads(n or kernels._available_cpus())

@@ -94,7 +94,8 @@ def _f32(name: str, a) -> np.ndarray:
         raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
     if a.dtype != np.float32:
         raise TypeError(f"{name} must be float32, got {a.dtype}")
-    return np.ascontiguousarray(a)
+    # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def _rank(name: str, a: np.ndarray, ndim: int) -> None:

@@ -2,6 +2,7 @@
 slots, and each slot released after its last use, so a run is a loop of function calls."""
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -89,6 +90,9 @@ class Plan:
         attrs = self._static_attributes(node)
         if attrs is None:
             return Step(node, reference, inputs, outputs)
+        if "ctx" in inspect.signature(fast).parameters:
+            opset = self.opsets.get(canonical_domain(node.domain), 0)
+            attrs = {**attrs, "ctx": OpContext(opset, node, list(node.output), self.evaluator)}
 
         def run_fast(*values, _fast=fast, _attrs=attrs, _reference=reference):
             result = _fast(*values, **_attrs)

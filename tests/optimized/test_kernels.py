@@ -545,3 +545,10 @@ def test_non_contiguous_inputs_are_copied_not_misread():
     np.testing.assert_allclose(kernels.gemm(a, b), a @ b, rtol=RTOL, atol=ATOL)
     with pytest.raises(ValueError, match="C-contiguous"):
         kernels.softmax(f32(3, 4), out=f32(4, 3).T)
+
+
+def test_binary_keeps_0d_shapes():
+    a, b = np.array(2.0, np.float32), np.array(3.0, np.float32)
+    out = kernels.binary("Mul", a, b)
+    assert out.shape == () and float(out) == 6.0
+    assert kernels.binary("Add", a, np.ones((2, 3), np.float32)).shape == (2, 3)
