@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import normalization as _normalization
 from ..registry import lookup, op
+from . import normalization as _normalization
 from .ml import _erf
 
 MS = "com.microsoft"
@@ -82,7 +82,14 @@ def bias_softmax(data, bias, axis=1, is_inner_broadcast=0):
 
 
 def _activation(y, activation, alpha=None, beta=None, gamma=None, params=()):
+    """FusedGemm names the parameters (alpha, beta), FusedConv lists them (params)."""
     params = list(params or [])
+
+    def param(named, index, default):
+        if named is not None:
+            return named
+        return params[index] if len(params) > index else default
+
     if not activation:
         return y
     if activation == "Relu":
@@ -92,16 +99,11 @@ def _activation(y, activation, alpha=None, beta=None, gamma=None, params=()):
     if activation == "Sigmoid":
         return 1.0 / (1.0 + np.exp(-y))
     if activation == "LeakyRelu":
-        a = alpha if alpha is not None else (params[0] if params else 0.01)
-        return np.where(y >= 0, y, a * y)
+        return np.where(y >= 0, y, param(alpha, 0, 0.01) * y)
     if activation == "HardSigmoid":
-        a = alpha if alpha is not None else (params[0] if params else 0.2)
-        b = beta if beta is not None else (params[1] if len(params) > 1 else 0.5)
-        return np.clip(a * y + b, 0, 1)
+        return np.clip(param(alpha, 0, 0.2) * y + param(beta, 1, 0.5), 0, 1)
     if activation == "Clip":
-        lo = alpha if alpha is not None else (params[0] if params else -np.inf)
-        hi = beta if beta is not None else (params[1] if len(params) > 1 else np.inf)
-        return np.clip(y, lo, hi)
+        return np.clip(y, param(alpha, 0, -np.inf), param(beta, 1, np.inf))
     raise ValueError(f"activation {activation!r} is not supported")
 
 
@@ -199,29 +201,22 @@ def _layer_norm(x, axis, epsilon, simplified):
     return centered * inv_std, mean, inv_std
 
 
+def _skip_layer_norm(x, skip, gamma, beta, bias, epsilon, simplified):
+    """Outputs: normalized x + skip (+ bias), its mean and inverse std (float32), the sum."""
+    s = x + skip + (0 if bias is None else bias)
+    normed, mean, inv_std = _layer_norm(s, x.ndim - 1, epsilon, simplified)
+    y = normed * gamma + (0 if beta is None else beta)
+    return y.astype(x.dtype), mean.astype(np.float32), inv_std.astype(np.float32), s.astype(x.dtype)
+
+
 @op("SkipLayerNormalization", 1, MS)
 def skip_layer_normalization(x, skip, gamma, beta=None, bias=None, epsilon=1e-12):
-    s = x + skip + (0 if bias is None else bias)
-    normed, mean, inv_std = _layer_norm(s, x.ndim - 1, epsilon, False)
-    y = normed * gamma + (0 if beta is None else beta)
-    return (
-        y.astype(x.dtype),
-        mean.astype(np.float32),
-        inv_std.astype(np.float32),
-        s.astype(x.dtype),
-    )
+    return _skip_layer_norm(x, skip, gamma, beta, bias, epsilon, simplified=False)
 
 
 @op("SkipSimplifiedLayerNormalization", 1, MS)
 def skip_simplified_layer_normalization(x, skip, gamma, bias=None, epsilon=1e-12):
-    s = x + skip + (0 if bias is None else bias)
-    normed, mean, inv_std = _layer_norm(s, x.ndim - 1, epsilon, True)
-    return (
-        (normed * gamma).astype(x.dtype),
-        mean.astype(np.float32),
-        inv_std.astype(np.float32),
-        s.astype(x.dtype),
-    )
+    return _skip_layer_norm(x, skip, gamma, None, bias, epsilon, simplified=True)
 
 
 def simplified_layer_normalization(x, scale, axis=-1, epsilon=1e-5, stash_type=1):
@@ -290,6 +285,11 @@ def _heads(x, n):
     return x.reshape(b, s, n, hidden // n).transpose(0, 2, 1, 3)
 
 
+def _head_bias(bias, n):
+    """A projection bias [N*H] as [N, 1, H], to add to [B, N, S, H]."""
+    return _heads(np.asarray(bias)[None, None], n)[0]
+
+
 def _merge_heads(x):
     b, n, s, h = x.shape
     return x.transpose(0, 2, 1, 3).reshape(b, s, n * h)
@@ -318,6 +318,7 @@ def _key_mask(mask, batch, q_len, total, past):
 
 
 def _attend(q, k, v, scale, keep, filter_value, bias=None):
+    """Scaled dot-product attention; masked scores get filter_value added (or -inf when None)."""
     scores = (q @ np.swapaxes(k, -1, -2)) * scale
     if bias is not None:
         scores = scores + bias
@@ -328,6 +329,18 @@ def _attend(q, k, v, scale, keep, filter_value, bias=None):
     )
     probs = _softmax(scores)
     return probs @ v, scores
+
+
+def _masked_attention(q, k, v, mask, past_len, unidirectional, scale, filter_value, bias, dt):
+    """Attention of q [B, N, S, H] over past + new keys k, v [B, N, T, H] under an Attention or
+    MultiHeadAttention key mask; returns the output and the masked scores."""
+    batch, _, seq, head = q.shape
+    total = k.shape[2]
+    keep = _key_mask(mask, batch, seq, total, past_len)
+    if unidirectional:
+        keep = keep & (np.arange(total)[None, :] <= np.arange(seq)[:, None] + past_len)
+    scale = scale or 1.0 / np.sqrt(head)
+    return _attend(q, k, v, scale, keep, filter_value, None if bias is None else bias.astype(dt))
 
 
 @op("Attention", 1, MS)
@@ -351,7 +364,6 @@ def attention(
     if do_rotary or past_present_share_buffer:
         raise ValueError("Attention: do_rotary and past_present_share_buffer are not supported")
     dt = _f(x)
-    batch, seq, _ = x.shape
     proj = x.astype(dt) @ weights.astype(dt) + (0 if bias is None else bias.astype(dt))
     sizes = list(qkv_hidden_sizes or [weights.shape[1] // 3] * 3)
     q, k, v = np.split(proj, np.cumsum(sizes)[:2], axis=-1)
@@ -361,21 +373,10 @@ def attention(
         past_len = past.shape[3]
         k = np.concatenate([past[0].astype(dt), k], axis=2)
         v = np.concatenate([past[1].astype(dt), v], axis=2)
-    total = past_len + seq
     # present stacks K and V, so it only exists when they have the same head size
     present = np.stack([k, v]).astype(x.dtype) if k.shape == v.shape else None
-    keep = _key_mask(mask_index, batch, seq, total, past_len)
-    if unidirectional:
-        keep = keep & (np.arange(total)[None, :] <= np.arange(seq)[:, None] + past_len)
-    scale = scale or 1.0 / np.sqrt(q.shape[-1])
-    out, _ = _attend(
-        q,
-        k,
-        v,
-        scale,
-        keep,
-        mask_filter_value,
-        None if attention_bias is None else attention_bias.astype(dt),
+    out, _ = _masked_attention(
+        q, k, v, mask_index, past_len, unidirectional, scale, mask_filter_value, attention_bias, dt
     )
     return _merge_heads(out).astype(x.dtype), present
 
@@ -405,11 +406,7 @@ def multi_head_attention(
         q, k, v = (query[:, :, :, i].transpose(0, 2, 1, 3).astype(dt) for i in range(3))
         if bias is not None:
             bq, bk, bv = np.split(bias.astype(dt), 3)
-            q, k, v = (
-                q + _heads(bq[None, None], n)[0],
-                k + _heads(bk[None, None], n)[0],
-                v + _heads(bv[None, None], n)[0],
-            )
+            q, k, v = q + _head_bias(bq, n), k + _head_bias(bk, n), v + _head_bias(bv, n)
     else:
         hidden = query.shape[-1]
         bq = bk = bv = 0
@@ -420,30 +417,19 @@ def multi_head_attention(
             k = key[:, :, :, 0].transpose(0, 2, 1, 3).astype(dt)
             v = key[:, :, :, 1].transpose(0, 2, 1, 3).astype(dt)
             if bias is not None:
-                k = k + _heads(np.asarray(bk)[None, None], n)[0]
-                v = v + _heads(np.asarray(bv)[None, None], n)[0]
+                k, v = k + _head_bias(bk, n), v + _head_bias(bv, n)
         elif key.ndim == 4:  # already [B, N, L, H] (cross-attention cache): no bias
             k, v = key.astype(dt), value.astype(dt)
         else:
             k, v = _heads(key.astype(dt) + bk, n), _heads(value.astype(dt) + bv, n)
-    batch, _, seq, _ = q.shape
+    past_len = 0
     if past_key is not None:
         k = np.concatenate([past_key.astype(dt), k], axis=2)
         v = np.concatenate([past_value.astype(dt), v], axis=2)
-    total = k.shape[2]
-    past_len = total - seq if past_key is not None else 0
-    keep = _key_mask(key_padding_mask, batch, seq, total, past_len)
-    if unidirectional:
-        keep = keep & (np.arange(total)[None, :] <= np.arange(seq)[:, None] + past_len)
-    scale = scale or 1.0 / np.sqrt(q.shape[-1])
-    out, scores = _attend(
-        q,
-        k,
-        v,
-        scale,
-        keep,
-        mask_filter_value,
-        None if attention_bias is None else attention_bias.astype(dt),
+        past_len = k.shape[2] - q.shape[2]
+    out, scores = _masked_attention(
+        q, k, v, key_padding_mask, past_len, unidirectional, scale, mask_filter_value,
+        attention_bias, dt,
     )
     return (
         _merge_heads(out).astype(query.dtype),
@@ -708,6 +694,13 @@ def dynamic_quantize_matmul(a, b, b_scale, b_zero_point=None, bias=None):
     )
 
 
+def _unpack_bits(packed, bits, rows):
+    """[rows, values] from bytes holding 8 // bits values each, least significant bits first."""
+    raw = packed.reshape(rows, -1).astype(np.uint8)
+    shifts = np.arange(8 // bits, dtype=np.uint8) * bits
+    return ((raw[..., None] >> shifts) & ((1 << bits) - 1)).reshape(rows, -1)
+
+
 @op("MatMulNBits", 1, MS)
 def matmul_nbits(
     a,
@@ -725,19 +718,13 @@ def matmul_nbits(
 ):
     if bits not in (2, 4, 8):
         raise ValueError(f"MatMulNBits: bits={bits} is not 2, 4 or 8")
-    per_byte = 8 // bits
     n_blocks = (K + block_size - 1) // block_size
-    raw = b.reshape(N, -1).astype(np.uint8)
-    # values are packed from the least significant bits up
-    shifts = np.arange(per_byte, dtype=np.uint8) * bits
-    q = ((raw[..., None] >> shifts) & ((1 << bits) - 1)).reshape(N, -1)[:, : n_blocks * block_size]
+    q = _unpack_bits(b, bits, N)[:, : n_blocks * block_size]
     scale = scales.reshape(N, n_blocks).astype(np.float32)
     if zero_points is None:
         zp = np.full((N, n_blocks), 2 ** (bits - 1), np.float32)
     elif zero_points.dtype == np.uint8:  # packed like B
-        zraw = zero_points.reshape(N, -1)
-        zp = ((zraw[..., None] >> shifts) & ((1 << bits) - 1)).reshape(N, -1)[:, :n_blocks]
-        zp = zp.astype(np.float32)
+        zp = _unpack_bits(zero_points, bits, N)[:, :n_blocks].astype(np.float32)
     else:  # float zero points, unpacked, in the quantized domain
         zp = zero_points.reshape(N, n_blocks).astype(np.float32)
     block_of_k = (

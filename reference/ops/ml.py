@@ -104,6 +104,16 @@ def _binary_columns(score: np.ndarray, transform: str, complement: bool) -> np.n
     return np.stack([1.0 - score if complement else -score, score], axis=1)
 
 
+def _floats(values):
+    """A float attribute's values as the model stores them (float32), widened to float64."""
+    return np.asarray(values if values is not None else [], dtype=np.float32).astype(np.float64)
+
+
+def _final_scores(scores: np.ndarray, transform: str) -> np.ndarray:
+    """Scores after the post_transform, as the float32 output of the linear/SVM/tree models."""
+    return post_transform_scores(scores, transform).astype(np.float32)
+
+
 # simple transforms ---------------------------------------------------------------------------
 @op("ArrayFeatureExtractor", 1, ML)
 def array_feature_extractor(x, indices):
@@ -393,11 +403,11 @@ def zip_map(x, classlabels_int64s=None, classlabels_strings=None):
 @op("LinearRegressor", 1, ML)
 def linear_regressor(x, coefficients=None, intercepts=None, targets=1, post_transform="NONE"):
     x = _as_2d(x).astype(np.float64)
-    coef = np.asarray(coefficients, dtype=np.float32).astype(np.float64).reshape(targets, -1)
+    coef = _floats(coefficients).reshape(targets, -1)
     y = x @ coef.T
     if intercepts:
         y = y + np.asarray(intercepts, dtype=np.float32)
-    return post_transform_scores(y, post_transform).astype(np.float32)
+    return _final_scores(y, post_transform)
 
 
 @op("LinearClassifier", 1, ML)
@@ -412,7 +422,7 @@ def linear_classifier(
 ):
     labels = _labels(classlabels_ints, classlabels_strings)
     x = _as_2d(x).astype(np.float64)
-    coef = np.asarray(coefficients, dtype=np.float32).astype(np.float64).reshape(-1, x.shape[1])
+    coef = _floats(coefficients).reshape(-1, x.shape[1])
     scores = x @ coef.T
     if intercepts:
         scores = scores + np.asarray(intercepts, dtype=np.float32)
@@ -422,7 +432,7 @@ def linear_classifier(
         label = np.where(s > 0, labels[1], labels[0])
         return label, _binary_columns(s, post_transform, True).astype(np.float32)
     label = labels[np.argmax(scores, axis=1)] if scores.shape[1] else labels[:0]
-    return label, post_transform_scores(scores, post_transform).astype(np.float32)
+    return label, _final_scores(scores, post_transform)
 
 
 # SVMs ------------------------------------------------------------------------------------------
@@ -453,18 +463,16 @@ def svm_regressor(
     support_vectors=None,
 ):
     x = _as_2d(x).astype(np.float64)
-    coef = np.asarray(coefficients or [], dtype=np.float32).astype(np.float64)
+    coef = _floats(coefficients)
     rho0 = float(np.float32(rho[0])) if rho else 0.0
     if n_supports > 0:
-        sv = (
-            np.asarray(support_vectors, dtype=np.float32).astype(np.float64).reshape(n_supports, -1)
-        )
+        sv = _floats(support_vectors).reshape(n_supports, -1)
         score = _kernel(x, sv, kernel_type, kernel_params) @ coef + rho0
     else:  # a linear model: the coefficients are the weights
         score = x @ coef.reshape(-1) + rho0
     if one_class:
         score = np.where(score > 0, 1.0, -1.0)
-    return post_transform_scores(score[:, None], post_transform).astype(np.float32)
+    return _final_scores(score[:, None], post_transform)
 
 
 def _multiclass_probability(r: np.ndarray) -> np.ndarray:
@@ -507,8 +515,8 @@ def svm_classifier(
     labels = _labels(classlabels_ints, classlabels_strings)
     k = len(labels)
     x = _as_2d(x).astype(np.float64)
-    coef = np.asarray(coefficients or [], dtype=np.float32).astype(np.float64)
-    rho = np.asarray(rho or [0.0] * k, dtype=np.float32).astype(np.float64)
+    coef = _floats(coefficients)
+    rho = _floats(rho or [0.0] * k)
     if not vectors_per_class:  # linear SVM: one weight row per class
         w = coef.reshape(-1, x.shape[1])
         scores = x @ w.T + rho[0]  # one bias for every class (as onnxruntime)
@@ -518,12 +526,10 @@ def svm_classifier(
                 np.where(s > 0, labels[1], labels[0]),
                 _binary_columns(s, post_transform, False).astype(np.float32),
             )
-        return labels[np.argmax(scores, 1)], post_transform_scores(scores, post_transform).astype(
-            np.float32
-        )
+        return labels[np.argmax(scores, 1)], _final_scores(scores, post_transform)
     counts = np.asarray(vectors_per_class, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)])
-    sv = np.asarray(support_vectors, dtype=np.float32).astype(np.float64).reshape(starts[-1], -1)
+    sv = _floats(support_vectors).reshape(starts[-1], -1)
     kern = _kernel(x, sv, kernel_type, kernel_params)
     coef = coef.reshape(k - 1, starts[-1])
     n = x.shape[0]
@@ -539,8 +545,8 @@ def svm_classifier(
             pair += 1
     dec = np.stack(decisions, axis=1)
     if prob_a:
-        a = np.asarray(prob_a, dtype=np.float32).astype(np.float64)
-        b = np.asarray(prob_b, dtype=np.float32).astype(np.float64)
+        a = _floats(prob_a)
+        b = _floats(prob_b)
         pp = 1.0 / (1.0 + np.exp(dec * a + b))
         pp = np.clip(pp, 1e-7, 1 - 1e-7)
         r = np.zeros((n, k, k))
@@ -549,17 +555,13 @@ def svm_classifier(
         r[:, iu[1], iu[0]] = 1 - pp
         prob = _multiclass_probability(r)
         # the label still comes from the pairwise votes, as in libsvm's predict
-        return labels[np.argmax(votes, 1)], post_transform_scores(prob, post_transform).astype(
-            np.float32
-        )
+        return labels[np.argmax(votes, 1)], _final_scores(prob, post_transform)
     if k == 2:  # one decision value, positive for the first class
         d = dec[:, 0]
         label = np.where(d > 0, labels[0], labels[1])
         return label, _binary_columns(d, post_transform, False).astype(np.float32)
     # ties in votes go to the class with the lowest index
-    return labels[np.argmax(votes, 1)], post_transform_scores(dec, post_transform).astype(
-        np.float32
-    )
+    return labels[np.argmax(votes, 1)], _final_scores(dec, post_transform)
 
 
 # tree ensembles ------------------------------------------------------------------------------
@@ -648,7 +650,7 @@ def _aggregate(forest, x, leaf_targets, n_targets, aggregate):
 def _attr(plain, as_tensor):
     if as_tensor is not None:
         return np.asarray(as_tensor, dtype=np.float64).reshape(-1)
-    return np.asarray(plain if plain is not None else [], dtype=np.float32).astype(np.float64)
+    return _floats(plain)
 
 
 def _legacy_forest(
@@ -761,7 +763,7 @@ def tree_ensemble_regressor(
     base = _attr(base_values, base_values_as_tensor)
     if base.size:
         scores = scores + base
-    return post_transform_scores(scores, post_transform).astype(np.float32)
+    return _final_scores(scores, post_transform)
 
 
 @op("TreeEnsembleClassifier", 1, ML)
@@ -816,11 +818,11 @@ def tree_ensemble_classifier(
         if cls == 0:  # the score is read as the positive class's (as onnxruntime does)
             return label, _binary_columns(s, post_transform, positive).astype(np.float32)
         both = np.stack([np.zeros_like(s), s], axis=1)
-        return label, post_transform_scores(both, post_transform).astype(np.float32)
+        return label, _final_scores(both, post_transform)
     if base.size:
         scores = scores + base
     label = labels[np.argmax(scores, axis=1)]
-    return label, post_transform_scores(scores, post_transform).astype(np.float32)
+    return label, _final_scores(scores, post_transform)
 
 
 @op("TreeEnsemble", 5, ML)

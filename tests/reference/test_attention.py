@@ -3,6 +3,7 @@ offsets, masks, windows, softcap, qk_matmul_output modes), softmax stability wit
 fully-masked rows, RotaryEmbedding, TensorScatter, LinearAttention, CausalConvWithState and
 FlexAttention with modifier subgraphs."""
 import math
+from functools import partial
 
 import ml_dtypes
 import numpy as np
@@ -11,29 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from reference import NodeError, ReferenceEvaluator
-from reference.dtypes import onnx_type
+from reference import NodeError
+from tests.reference.oneop import run_node
 
-
-def run(op_type, *inputs, n_out=1, opset=25, domain="", **attrs):
-    """Run one node; None marks an absent optional input.  Returns the list of outputs."""
-    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
-    while names and not names[-1]:
-        names.pop()
-    outs = [f"out{i}" for i in range(n_out)] if isinstance(n_out, int) else n_out
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, outs, domain=domain, **attrs)],
-        "t",
-        [helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-         for n, v in zip(names, inputs) if v is not None],
-        [helper.make_empty_tensor_value_info(o) for o in outs if o],
-    )
-    opsets = [helper.make_opsetid("", opset)]
-    if domain:
-        opsets.append(helper.make_opsetid(domain, 1))
-    model = helper.make_model(graph, opset_imports=opsets)
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    return ReferenceEvaluator(model, check=False).run(None, feeds)
+run = partial(run_node, as_list=True, opset=25)
 
 
 def direct_attention(Q, K, V, allowed=None, scale=None, add=None):

@@ -6,37 +6,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto as T
-from onnx import helper
 
-from reference import ReferenceEvaluator
-from reference.dtypes import onnx_type
-
-
-def run(op_type, *inputs, opset=28, **attrs):
-    names = [f"in{i}" for i in range(len(inputs))]
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, ["out"], **attrs)],
-        "t",
-        [helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape) for n, v in zip(names, inputs)],
-        [helper.make_empty_tensor_value_info("out")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    return ReferenceEvaluator(model, check=False).run(None, dict(zip(names, inputs)))[0]
+from tests.reference.oneop import run_node, same
 
 
 def cast(x, to, opset=28, **attrs):
-    return run("Cast", x, to=to, opset=opset, **attrs)
+    return run_node("Cast", x, to=to, opset=opset, **attrs)
 
 
 def f32(*v):
     return np.array(v, dtype=np.float32)
-
-
-def same(actual, expected):
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    np.testing.assert_array_equal(actual.astype(np.float64) if expected.dtype.kind == "V" else actual,
-                                  expected.astype(np.float64) if expected.dtype.kind == "V" else expected)
 
 
 # strings -------------------------------------------------------------------------------------
@@ -166,13 +145,15 @@ def test_bfloat16_rounding_by_version():
 
 
 def test_cast_1_takes_a_type_name():
-    same(run("Cast", f32(1.9, -1.9), to="INT32", opset=1), np.array([1, -1], np.int32))
+    same(run_node("Cast", f32(1.9, -1.9), to="INT32", opset=1), np.array([1, -1], np.int32))
 
 
 def test_cast_like():
     like = np.zeros(0, np.float16)
-    same(run("CastLike", np.array([1, 2], np.int64), like, opset=15), np.array([1, 2], np.float16))
-    out = run("CastLike", f32(1000.0), np.zeros(1, ml_dtypes.float8_e4m3fn), saturate=0, opset=19)
+    same(run_node("CastLike", np.array([1, 2], np.int64), like, opset=15),
+         np.array([1, 2], np.float16))
+    out = run_node("CastLike", f32(1000.0), np.zeros(1, ml_dtypes.float8_e4m3fn), saturate=0,
+                   opset=19)
     assert np.isnan(out.astype(np.float32)[0])
 
 
@@ -193,16 +174,20 @@ def test_widening_and_back_is_exact(x):
 
 
 def test_bitcast_keeps_bits():
-    same(run("BitCast", f32(1.0, -0.0), to=T.INT32, opset=26),
+    same(run_node("BitCast", f32(1.0, -0.0), to=T.INT32, opset=26),
          np.array([0x3F800000, -(2**31)], np.int32))
-    same(run("BitCast", np.array(-1, np.int16), to=T.UINT16, opset=26), np.array(65535, np.uint16))
-    same(run("BitCast", np.array([True, False]), to=T.UINT8, opset=26), np.array([1, 0], np.uint8))
+    same(run_node("BitCast", np.array(-1, np.int16), to=T.UINT16, opset=26),
+         np.array(65535, np.uint16))
+    same(run_node("BitCast", np.array([True, False]), to=T.UINT8, opset=26),
+         np.array([1, 0], np.uint8))
 
 
 def test_bitcast_sub_byte():
     x = np.array([-1, -8, 7], np.int8).astype(ml_dtypes.int4)
-    same(run("BitCast", x, to=T.UINT4, opset=26).astype(np.int16), np.array([15, 8, 7], np.int16))
-    f4 = run("BitCast", np.array([2, 9], np.int8).astype(ml_dtypes.uint4), to=T.FLOAT4E2M1, opset=26)
+    same(run_node("BitCast", x, to=T.UINT4, opset=26).astype(np.int16),
+         np.array([15, 8, 7], np.int16))
+    f4 = run_node("BitCast", np.array([2, 9], np.int8).astype(ml_dtypes.uint4), to=T.FLOAT4E2M1,
+                  opset=26)
     # 0b0010 = 1.0; 0b1001 = -0.5
     np.testing.assert_array_equal(f4.astype(np.float32), f32(1.0, -0.5))
 
@@ -211,4 +196,4 @@ def test_bitcast_width_mismatch_is_an_error():
     from reference import NodeError
 
     with pytest.raises(NodeError, match="bit-width"):
-        run("BitCast", f32(1.0), to=T.INT64, opset=26)
+        run_node("BitCast", f32(1.0), to=T.INT64, opset=26)

@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
-from onnx import helper
 
 from reference import ReferenceEvaluator
-from reference.dtypes import onnx_type
 from reference.ops.ml import _erf
+from tests.reference.oneop import one_node_model
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -14,23 +13,8 @@ RNG = np.random.default_rng(7)
 
 
 def model(op_type, inputs, n_out=1, domain="com.microsoft", **attrs):
-    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
-    outs = [f"out{i}" for i in range(n_out)]
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, outs, domain=domain, **attrs)],
-        "t",
-        [
-            helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-            for n, v in zip(names, inputs)
-            if v is not None
-        ],
-        [helper.make_empty_tensor_value_info(o) for o in outs],
-    )
-    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-    m = helper.make_model(graph, opset_imports=opsets)
-    m.ir_version = 10
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    return m, feeds
+    return one_node_model(op_type, inputs, n_out=n_out, opset=21, domain=domain, ir_version=10,
+                          **attrs)
 
 
 def both(op_type, inputs, n_out=1, domain="com.microsoft", **attrs):

@@ -1,10 +1,8 @@
 """NonMaxSuppression: ties, box formats, thresholds, limits."""
 import numpy as np
 import pytest
-from onnx import helper
 
-from reference import ReferenceEvaluator
-from reference.dtypes import onnx_type
+from tests.reference.oneop import run_node
 
 
 def nms(boxes, scores, max_out=None, iou=None, score=None, opset=11, **attrs):
@@ -12,19 +10,7 @@ def nms(boxes, scores, max_out=None, iou=None, score=None, opset=11, **attrs):
     inputs += [None if max_out is None else np.array([max_out], np.int64),
                None if iou is None else np.array([iou], np.float32),
                None if score is None else np.array([score], np.float32)]
-    while inputs[-1] is None:
-        inputs.pop()
-    names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
-    node = helper.make_node("NonMaxSuppression", names, ["y"], **attrs)
-    graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-         for n, v in zip(names, inputs) if v is not None],
-        [helper.make_empty_tensor_value_info("y")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    y = ReferenceEvaluator(model, check=False).run(None, feeds)[0]
+    y = run_node("NonMaxSuppression", *inputs, opset=opset, **attrs)
     assert y.dtype == np.int64 and y.ndim == 2 and y.shape[1] == 3
     return y.tolist()
 

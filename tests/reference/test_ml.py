@@ -6,37 +6,19 @@ import pytest
 from onnx import TensorProto, helper
 
 from reference import ReferenceEvaluator
-from reference.dtypes import onnx_type
+from tests.reference.oneop import one_node_model, run_node
 
 ML = "ai.onnx.ml"
 
 
 def ml_model(op_type, inputs, n_out=1, opset=3, input_types=None, **attrs):
-    names = [f"in{i}" for i in range(len(inputs))]
-    outs = [f"out{i}" for i in range(n_out)]
-    infos = []
-    for i, (n, v) in enumerate(zip(names, inputs)):
-        if input_types and input_types[i] is not None:
-            infos.append(helper.make_value_info(n, input_types[i]))
-        else:
-            infos.append(helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape))
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, outs, domain=ML, **attrs)],
-        "t",
-        infos,
-        [helper.make_empty_tensor_value_info(o) for o in outs],
-    )
-    m = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, opset)]
-    )
-    m.ir_version = 9
-    return m, dict(zip(names, inputs))
+    """A one-node ai.onnx.ml model; `opset` is the ai.onnx.ml version."""
+    return one_node_model(op_type, inputs, n_out=n_out, opset=17, domain=ML, domain_opset=opset,
+                          input_types=input_types, ir_version=9, **attrs)
 
 
-def run(op_type, *inputs, n_out=1, opset=3, input_types=None, **attrs):
-    m, feeds = ml_model(op_type, inputs, n_out, opset, input_types, **attrs)
-    out = ReferenceEvaluator(m, check=False).run(None, feeds)
-    return out[0] if n_out == 1 else out
+def run(op_type, *inputs, opset=3, **kw):
+    return run_node(op_type, *inputs, opset=17, domain=ML, domain_opset=opset, **kw)
 
 
 def run_ort(op_type, *inputs, n_out=1, opset=3, input_types=None, **attrs):

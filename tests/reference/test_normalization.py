@@ -1,38 +1,17 @@
 """Normalizations and Dropout: hand-checked formulas, legacy attributes, dtypes, axis mix-ups."""
 import itertools
+from functools import partial
 
 import numpy as np
-import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from onnx import helper
 
-from reference import NodeError, ReferenceEvaluator
-from reference.dtypes import onnx_type
+from reference import NodeError
+from tests.reference.oneop import run_node
 
-
-def run(op_type, *inputs, opset=22, n_out=1, check=True, **attrs):
-    """Run one node in a model built with onnx.helper; None marks an absent optional input."""
-    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
-    outs = [f"out{i}" for i in range(n_out)]
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, outs, **attrs)],
-        "t",
-        [helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-         for n, v in zip(names, inputs) if v is not None],
-        [helper.make_empty_tensor_value_info(o) for o in outs],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    if check:
-        ctx = onnx.checker.C.CheckerContext()
-        ctx.ir_version = onnx.IR_VERSION
-        ctx.opset_imports = {"": opset}
-        onnx.checker.check_node(model.graph.node[0], ctx)
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    res = ReferenceEvaluator(model, check=False).run(None, feeds)
-    return res[0] if n_out == 1 else res
+run = partial(run_node, opset=22)  # the opset these tests target unless one says otherwise
 
 
 rng = np.random.default_rng(2)
@@ -139,7 +118,7 @@ def test_group_norm_18_per_group_vs_21_per_channel():
     x = rand(2, 6, 3, 4)
     g_scale, g_bias = rand(3), rand(3)
     y18 = run("GroupNormalization", x, g_scale, g_bias, num_groups=3, opset=18,
-             check=False)  # the checker rejects the deprecated opset-18 schema
+             check_schema=False)  # the checker rejects the deprecated opset-18 schema
     y21 = run("GroupNormalization", x, np.repeat(g_scale, 2), np.repeat(g_bias, 2), num_groups=3, opset=21)
     xg = x.reshape(2, 3, -1)
     norm = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)

@@ -1,35 +1,16 @@
 """Pools against slow direct loops and hand-checked values."""
 import itertools
 import math
+from functools import partial
 
 import numpy as np
-import onnx
 import pytest
 from onnx import helper
 
-from reference import NodeError, ReferenceEvaluator
-from reference.dtypes import onnx_type
+from reference import NodeError
+from tests.reference.oneop import run_node
 
-
-def run(op_type, *inputs, opset=22, n_out=1, **attrs):
-    """Run one node in a model built with onnx.helper; None marks an absent optional input."""
-    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
-    outs = [f"out{i}" for i in range(n_out)]
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, outs, **attrs)],
-        "t",
-        [helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-         for n, v in zip(names, inputs) if v is not None],
-        [helper.make_empty_tensor_value_info(o) for o in outs],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    ctx = onnx.checker.C.CheckerContext()
-    ctx.ir_version = onnx.IR_VERSION
-    ctx.opset_imports = {"": opset}
-    onnx.checker.check_node(model.graph.node[0], ctx)
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    res = ReferenceEvaluator(model, check=False).run(None, feeds)
-    return res[0] if n_out == 1 else res
+run = partial(run_node, opset=22)  # the opset these tests target unless one says otherwise
 
 
 rng = np.random.default_rng(1)

@@ -9,14 +9,9 @@ from hypothesis.extra import numpy as hnp
 from onnx import TensorProto
 
 from reference.dtypes import np_dtype
-from reference.registry import lookup
+from tests.reference.oneop import op_function
 
-
-def fn(op_type, opset=28):
-    return lookup("", op_type, opset).fn
-
-
-Q, DQ = fn("QuantizeLinear"), fn("DequantizeLinear")
+Q, DQ = op_function("QuantizeLinear"), op_function("DequantizeLinear")
 f32 = np.float32
 
 
@@ -161,17 +156,17 @@ def test_quantize_inverts_dequantize_on_representable_values(q, scale, zero_poin
 
 # DynamicQuantizeLinear -------------------------------------------------------------------
 def test_dynamic_quantize_range_includes_zero():
-    y, scale, zp = fn("DynamicQuantizeLinear")(np.array([-51, 0, 204], f32))
+    y, scale, zp = op_function("DynamicQuantizeLinear")(np.array([-51, 0, 204], f32))
     assert scale.dtype == np.float32 and scale.shape == () and scale == 1
     assert zp.dtype == np.uint8 and zp.shape == () and zp == 51
     assert y.tolist() == [0, 51, 255]
-    y, scale, zp = fn("DynamicQuantizeLinear")(np.array([[2, 4], [6, 10.2]], f32))
+    y, scale, zp = op_function("DynamicQuantizeLinear")(np.array([[2, 4], [6, 10.2]], f32))
     assert scale == np.float32(10.2) / np.float32(255) and zp == 0 and y.shape == (2, 2)
     assert y[1, 1] == 255
 
 
 def test_dynamic_quantize_all_zero_input():
-    y, scale, zp = fn("DynamicQuantizeLinear")(np.zeros((2, 3), f32))
+    y, scale, zp = op_function("DynamicQuantizeLinear")(np.zeros((2, 3), f32))
     assert y.tolist() == [[0] * 3] * 2 and scale == 0 and zp == 0
 
 
@@ -179,7 +174,8 @@ def test_dynamic_quantize_all_zero_input():
 def test_matmul_integer_per_row_and_per_column_zero_points():
     a = np.array([[1, 2], [3, 4], [5, 6]], np.uint8)
     b = np.array([[1, 0, 2], [0, 1, 3]], np.int8)
-    y = fn("MatMulInteger")(a, b, np.array([1, 3, 5], np.uint8), np.array([0, 1, 2], np.int8))
+    y = op_function("MatMulInteger")(a, b, np.array([1, 3, 5], np.uint8),
+                                     np.array([0, 1, 2], np.int8))
     # a - zp_row = [[0,1],[0,1],[0,1]]; b - zp_col = [[1,-1,0],[0,0,1]]
     assert y.dtype == np.int32 and y.tolist() == [[0, 0, 1]] * 3
 
@@ -187,7 +183,7 @@ def test_matmul_integer_per_row_and_per_column_zero_points():
 def test_qlinear_matmul_per_column_scale_and_saturation():
     a = np.array([[10, 20]], np.uint8)
     b = np.array([[1, 2], [1, 2]], np.int8)
-    y = fn("QLinearMatMul")(
+    y = op_function("QLinearMatMul")(
         a,
         f32(0.5),
         np.array(0, np.uint8),
@@ -201,7 +197,7 @@ def test_qlinear_matmul_per_column_scale_and_saturation():
     assert y.dtype == np.int8 and y.tolist() == [[-85, 127]]
 
 
-CONV = fn("ConvInteger")
+CONV = op_function("ConvInteger")
 
 
 def test_conv_integer_pads_with_the_zero_point():
@@ -235,7 +231,7 @@ def test_qlinear_conv_bias_and_per_channel_scales():
     x = np.array([[[[10, 20]]]], np.uint8)  # N=1, C=1, 1x2
     w = np.array([[[[1]]], [[[2]]]], np.int8)  # M=2, 1x1
     bias = np.array([4, -40], np.int32)
-    y = fn("QLinearConv")(
+    y = op_function("QLinearConv")(
         x,
         f32(0.5),
         np.array(0, np.uint8),

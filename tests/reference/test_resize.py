@@ -1,32 +1,15 @@
 """Resize, Upsample, GridSample, AffineGrid: hand-checked values for the tricky semantics."""
 import numpy as np
 import pytest
-from onnx import helper
 
-from reference import ReferenceEvaluator
-from reference.dtypes import onnx_type
-
-
-def run(op_type, inputs, opset, **attrs):
-    """Run one node; `inputs` is a list of arrays, None for an omitted optional input."""
-    names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
-    node = helper.make_node(op_type, names, ["y"], **attrs)
-    graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-         for n, v in zip(names, inputs) if v is not None],
-        [helper.make_empty_tensor_value_info("y")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    return ReferenceEvaluator(model, check=False).run(None, feeds)[0]
+from tests.reference.oneop import run_node
 
 
 def resize(x, scales=None, sizes=None, roi=None, opset=19, **attrs):
     def f32(v):
         return None if v is None else np.asarray(v, dtype=np.float32)
     sizes = None if sizes is None else np.asarray(sizes, dtype=np.int64)
-    return run("Resize", [x, f32(roi), f32(scales), sizes], opset, **attrs)
+    return run_node("Resize", x, f32(roi), f32(scales), sizes, opset=opset, **attrs)
 
 
 ROW = np.arange(4, dtype=np.float32).reshape(1, 1, 1, 4)  # value == index: shows x_original
@@ -221,8 +204,8 @@ def test_scales_and_sizes_are_exclusive():
 
 
 def test_resize_11_empty_scales_means_sizes():
-    y = run("Resize", [ROW, np.zeros(0, np.float32), np.zeros(0, np.float32),
-                       np.array([1, 1, 1, 2], np.int64)], 11, mode="nearest")
+    y = run_node("Resize", ROW, np.zeros(0, np.float32), np.zeros(0, np.float32),
+                 np.array([1, 1, 1, 2], np.int64), opset=11, mode="nearest")
     assert y.ravel().tolist() == [0.0, 2.0]  # half_pixel x = 0.5, 2.5 -> round down
 
 
@@ -236,17 +219,18 @@ def test_half_pixel_symmetric_needs_opset_19():
 def test_resize_10_and_upsample_nearest():
     x = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=np.float32).reshape(1, 1, 2, 4)
     scales = np.array([1, 1, 0.6, 0.6], dtype=np.float32)
-    assert run("Resize", [x, scales], 10).tolist() == [[[[1.0, 3.0]]]]
+    assert run_node("Resize", x, scales, opset=10).tolist() == [[[[1.0, 3.0]]]]
     up = np.array([1, 1, 2, 3], dtype=np.float32)
     expected = np.repeat(np.repeat(x, 2, axis=2), 3, axis=3)
-    np.testing.assert_array_equal(run("Resize", [x, up], 10), expected)
-    np.testing.assert_array_equal(run("Upsample", [x, up], 9), expected)
-    np.testing.assert_array_equal(run("Upsample", [x], 7, scales=[1.0, 1.0, 2.0, 3.0]), expected)
+    np.testing.assert_array_equal(run_node("Resize", x, up, opset=10), expected)
+    np.testing.assert_array_equal(run_node("Upsample", x, up, opset=9), expected)
+    np.testing.assert_array_equal(run_node("Upsample", x, opset=7, scales=[1.0, 1.0, 2.0, 3.0]),
+                                  expected)
 
 
 def test_upsample_linear_is_asymmetric():
     x = np.array([[1, 3]], dtype=np.float32)
-    y = run("Upsample", [x, np.array([1, 2], np.float32)], 9, mode="linear")
+    y = run_node("Upsample", x, np.array([1, 2], np.float32), opset=9, mode="linear")
     assert y.tolist() == [[1.0, 2.0, 3.0, 3.0]]
 
 
@@ -264,8 +248,8 @@ def base_grid(h, w, align_corners):
 @pytest.mark.parametrize("align_corners", [0, 1])
 def test_gridsample_identity_grid(mode, align_corners):
     x = np.random.default_rng(0).random((1, 3, 4, 5)).astype(np.float32)
-    y = run("GridSample", [x, base_grid(4, 5, align_corners)], 22, mode=mode,
-            align_corners=align_corners)
+    y = run_node("GridSample", x, base_grid(4, 5, align_corners), opset=22, mode=mode,
+                 align_corners=align_corners)
     assert y.shape == (1, 3, 4, 5) and y.dtype == np.float32
     np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
 
@@ -276,21 +260,23 @@ def test_gridsample_padding_modes():
     # centre), g = -2 -> x = -1
     grid = np.array([[[[2.0, 0.0], [-2.0, 0.0]]]], dtype=np.float32)
     ac = {"align_corners": 1, "mode": "linear"}
-    assert run("GridSample", [x, grid], 20, padding_mode="zeros", **ac).ravel().tolist() == [0, 0]
-    assert run("GridSample", [x, grid], 20, padding_mode="border", **ac).ravel().tolist() == [3, 1]
+    assert run_node("GridSample", x, grid, opset=20, padding_mode="zeros",
+                    **ac).ravel().tolist() == [0, 0]
+    assert run_node("GridSample", x, grid, opset=20, padding_mode="border",
+                    **ac).ravel().tolist() == [3, 1]
     # reflection about the corner centres: 3 -> 1 (value 2), -1 -> 1 (value 2)
-    assert run("GridSample", [x, grid], 20, padding_mode="reflection",
-               **ac).ravel().tolist() == [2, 2]
+    assert run_node("GridSample", x, grid, opset=20, padding_mode="reflection",
+                    **ac).ravel().tolist() == [2, 2]
     # zeros padding blends with 0 halfway outside: g = 1.5 -> x = 2.5 -> 0.5 * 3
     half = np.array([[[[1.5, 0.0]]]], dtype=np.float32)
-    assert run("GridSample", [x, half], 20, **ac).ravel().tolist() == [1.5]
+    assert run_node("GridSample", x, half, opset=20, **ac).ravel().tolist() == [1.5]
 
 
 def test_gridsample_nearest_rounds_half_to_even():
     x = np.array([[[[10.0, 20.0, 30.0, 40.0]]]], dtype=np.float32)
     # align_corners=0, W=4: x = ((g + 1) * 4 - 1) / 2 = 0.5, 1.5, 2.5 -> 0, 2, 2
     grid = np.array([[[[-0.5, 0.0], [0.0, 0.0], [0.5, 0.0]]]], dtype=np.float32)
-    y = run("GridSample", [x, grid], 20, mode="nearest")
+    y = run_node("GridSample", x, grid, opset=20, mode="nearest")
     assert y.ravel().tolist() == [10.0, 30.0, 30.0]
 
 
@@ -298,24 +284,25 @@ def test_gridsample_volumetric_and_16():
     x = np.arange(2 * 3 * 4, dtype=np.float64).reshape(1, 1, 2, 3, 4)
     # the grid lists (x, y, z): pick voxel z=1, y=2, x=3 with align_corners=1
     grid = np.array([1.0, 1.0, 1.0]).reshape(1, 1, 1, 1, 3)
-    y = run("GridSample", [x, grid], 20, align_corners=1)
+    y = run_node("GridSample", x, grid, opset=20, align_corners=1)
     assert y.shape == (1, 1, 1, 1, 1) and y.ravel().tolist() == [23.0]
     x2 = np.arange(6, dtype=np.float32).reshape(1, 1, 2, 3)
     g2 = np.array([[[[0.0, -1.0]]]], dtype=np.float32)  # x = 1, y = 0
-    assert run("GridSample", [x2, g2], 16, mode="bilinear",
-               align_corners=1).ravel().tolist() == [1.0]
+    assert run_node("GridSample", x2, g2, opset=16, mode="bilinear",
+                    align_corners=1).ravel().tolist() == [1.0]
 
 
 # ---------------------------------------------------------------------------- AffineGrid
 def test_affine_grid_identity_and_translation():
     theta = np.array([[[1, 0, 0], [0, 1, 0]], [[1, 0, 0.5], [0, 2, 0]]], dtype=np.float32)
     size = np.array([2, 1, 2, 3], dtype=np.int64)
-    g = run("AffineGrid", [theta, size], 20)
+    g = run_node("AffineGrid", theta, size, opset=20)
     assert g.shape == (2, 2, 3, 2) and g.dtype == np.float32
     xs, ys = [-2 / 3, 0, 2 / 3], [-0.5, 0.5]
     np.testing.assert_allclose(g[0, :, :, 0], [xs, xs], rtol=1e-6)
     np.testing.assert_allclose(g[0, :, :, 1], [[ys[0]] * 3, [ys[1]] * 3], rtol=1e-6)
     np.testing.assert_allclose(g[1, :, :, 0], np.array([xs, xs]) + 0.5, rtol=1e-6)
     np.testing.assert_allclose(g[1, :, :, 1], 2 * np.array([[ys[0]] * 3, [ys[1]] * 3]), rtol=1e-6)
-    g = run("AffineGrid", [theta[:1], np.array([1, 1, 2, 3], np.int64)], 20, align_corners=1)
+    g = run_node("AffineGrid", theta[:1], np.array([1, 1, 2, 3], np.int64), opset=20,
+                 align_corners=1)
     np.testing.assert_allclose(g[0, 0, :, 0], [-1, 0, 1])

@@ -7,30 +7,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import helper
 
-from reference import NodeError, ReferenceEvaluator
-from reference.dtypes import onnx_type
+from reference import NodeError
+from tests.reference.oneop import run_node
 
 N_OUT = {"RNN": 2, "GRU": 2, "LSTM": 3}
 
 
 def run(op_type, *inputs, opset=22, **attrs):
-    """Run one node (all of its outputs); None marks an absent optional input."""
-    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
-    while names and not names[-1]:
-        names.pop()
-    outs = [f"out{i}" for i in range(N_OUT[op_type])]
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, outs, **attrs)],
-        "t",
-        [helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-         for n, v in zip(names, inputs) if v is not None],
-        [helper.make_empty_tensor_value_info(o) for o in outs],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    return ReferenceEvaluator(model, check=False).run(None, feeds)
+    """All of the node's outputs."""
+    return run_node(op_type, *inputs, n_out=N_OUT[op_type], opset=opset, **attrs)
 
 
 def sigmoid(x):

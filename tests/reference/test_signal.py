@@ -4,24 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
-from reference import ReferenceEvaluator
-from reference.dtypes import onnx_type
-
-
-def run(op_type, inputs, opset, **attrs):
-    names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
-    node = helper.make_node(op_type, names, ["y"], **attrs)
-    graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-         for n, v in zip(names, inputs) if v is not None],
-        [helper.make_empty_tensor_value_info("y")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    return ReferenceEvaluator(model, check=False).run(None, feeds)[0]
+from tests.reference.oneop import run_node
 
 
 def dft_matrix(n, inverse=False):
@@ -44,13 +29,13 @@ def axis(a):
 def test_dft_matches_the_defining_sum_on_a_non_square_input():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 3, 5, 2))  # complex signal, transform over axis 1 (length 3)
-    y = run("DFT", [x, None, axis(1)], 20)
+    y = run_node("DFT", x, None, axis(1), opset=20)
     assert y.shape == (2, 3, 5, 2) and y.dtype == np.float64
     expected = np.einsum("kn,bnc->bkc", dft_matrix(3), as_complex(x))
     np.testing.assert_allclose(as_complex(y), expected, atol=1e-12)
     # negative axis -2 is the last signal axis (length 5); opset 17 takes it as an attribute
-    y20 = run("DFT", [x, None, axis(-2)], 20)
-    y17 = run("DFT", [x], 17, axis=2)
+    y20 = run_node("DFT", x, None, axis(-2), opset=20)
+    y17 = run_node("DFT", x, opset=17, axis=2)
     expected = np.einsum("kn,bcn->bck", dft_matrix(5), as_complex(x))
     np.testing.assert_allclose(as_complex(y20), expected, atol=1e-12)
     np.testing.assert_array_equal(y17, y20)
@@ -59,7 +44,7 @@ def test_dft_matches_the_defining_sum_on_a_non_square_input():
 def test_dft_default_axes():
     x = np.arange(6, dtype=np.float32).reshape(2, 3, 1)
     # opset 17 defaults to axis 1, opset 20 to -2: the same axis for rank 3
-    y17, y20 = run("DFT", [x], 17), run("DFT", [x], 20)
+    y17, y20 = run_node("DFT", x, opset=17), run_node("DFT", x, opset=20)
     assert y17.dtype == np.float32 and y17.shape == (2, 3, 2)
     np.testing.assert_array_equal(y17, y20)
     np.testing.assert_allclose(as_complex(y17[0]), dft_matrix(3) @ np.array([0, 1, 2]), atol=1e-6)
@@ -67,30 +52,30 @@ def test_dft_default_axes():
 
 def test_dft_length_pads_and_truncates():
     x = np.array([[1.0], [2.0], [3.0]], dtype=np.float32)[None]  # [1, 3, 1]
-    padded = run("DFT", [x, np.array(4, np.int64)], 20)
+    padded = run_node("DFT", x, np.array(4, np.int64), opset=20)
     assert padded.shape == (1, 4, 2)
     np.testing.assert_allclose(as_complex(padded[0]), dft_matrix(4) @ [1, 2, 3, 0], atol=1e-6)
-    cut = run("DFT", [x, np.array(2, np.int32)], 20)
+    cut = run_node("DFT", x, np.array(2, np.int32), opset=20)
     np.testing.assert_allclose(as_complex(cut[0]), [3, -1], atol=1e-6)
 
 
 def test_rfft_and_irfft():
     x = np.array([1.0, 2.0, 0.0, -1.0, 5.0], dtype=np.float32).reshape(1, 5, 1)
-    half = run("DFT", [x], 20, onesided=1)
+    half = run_node("DFT", x, opset=20, onesided=1)
     assert half.shape == (1, 3, 2)  # floor(5 / 2) + 1 bins
     np.testing.assert_allclose(as_complex(half[0]), (dft_matrix(5) @ x.ravel())[:3], atol=1e-5)
     # IRFFT: default length 2 * (3 - 1) = 4; with dft_length 5 it restores x
-    back = run("DFT", [half, np.array(5, np.int64)], 20, onesided=1, inverse=1)
+    back = run_node("DFT", half, np.array(5, np.int64), opset=20, onesided=1, inverse=1)
     assert back.shape == (1, 5, 1) and back.dtype == np.float32
     np.testing.assert_allclose(back.ravel(), x.ravel(), atol=1e-5)
-    assert run("DFT", [half], 20, onesided=1, inverse=1).shape == (1, 4, 1)
+    assert run_node("DFT", half, opset=20, onesided=1, inverse=1).shape == (1, 4, 1)
 
 
 def test_onesided_needs_the_right_input_kind():
     with pytest.raises(Exception, match="real input"):
-        run("DFT", [np.zeros((1, 4, 2), np.float32)], 20, onesided=1)
+        run_node("DFT", np.zeros((1, 4, 2), np.float32), opset=20, onesided=1)
     with pytest.raises(Exception, match="axis"):
-        run("DFT", [np.zeros((1, 4, 2), np.float32), None, axis(2)], 20)
+        run_node("DFT", np.zeros((1, 4, 2), np.float32), None, axis(2), opset=20)
 
 
 @settings(max_examples=30, deadline=None)
@@ -101,8 +86,8 @@ def test_onesided_needs_the_right_input_kind():
 )
 def test_inverse_of_forward_is_identity(x, data):
     ax = data.draw(st.integers(-(x.ndim), x.ndim - 2).filter(lambda a: a != -1))
-    forward = run("DFT", [x, None, axis(ax)], 20)
-    back = run("DFT", [forward, None, axis(ax)], 20, inverse=1)
+    forward = run_node("DFT", x, None, axis(ax), opset=20)
+    back = run_node("DFT", forward, None, axis(ax), opset=20, inverse=1)
     np.testing.assert_allclose(back, x, atol=1e-9 * (1 + np.abs(x).max()))
 
 
@@ -110,14 +95,14 @@ def test_inverse_of_forward_is_identity(x, data):
 def test_stft_frames_and_window():
     signal = np.arange(10, dtype=np.float32).reshape(1, 10, 1)
     window = np.array([0.5, 1.0, 1.0, 0.5], dtype=np.float32)
-    y = run("STFT", [signal, np.array(3, np.int64), window], 17)
+    y = run_node("STFT", signal, np.array(3, np.int64), window, opset=17)
     # frames = floor((10 - 4) / 3) + 1 = 3, starting at 0, 3, 6; onesided: 4 // 2 + 1 bins
     assert y.shape == (1, 3, 3, 2) and y.dtype == np.float32
     for f, start in enumerate((0, 3, 6)):
         frame = np.arange(start, start + 4) * window
         np.testing.assert_allclose(as_complex(y[0, f]), (dft_matrix(4) @ frame)[:3], atol=1e-4)
-    full = run("STFT", [signal, np.array(3, np.int64), None, np.array(4, np.int64)], 17,
-               onesided=0)
+    full = run_node("STFT", signal, np.array(3, np.int64), None, np.array(4, np.int64), opset=17,
+                    onesided=0)
     assert full.shape == (1, 3, 4, 2)
     np.testing.assert_allclose(as_complex(full[0, 1]), dft_matrix(4) @ np.arange(3, 7), atol=1e-4)
 
@@ -125,8 +110,8 @@ def test_stft_frames_and_window():
 def test_stft_window_length_must_match():
     signal = np.zeros((1, 8, 1), np.float32)
     with pytest.raises(Exception, match="frame_length"):
-        run("STFT", [signal, np.array(2, np.int64), np.ones(4, np.float32),
-                     np.array(5, np.int64)], 17)
+        run_node("STFT", signal, np.array(2, np.int64), np.ones(4, np.float32),
+                 np.array(5, np.int64), opset=17)
 
 
 # ------------------------------------------------------------------------------- windows
@@ -139,13 +124,13 @@ def test_stft_window_length_must_match():
     ("BlackmanWindow", 0, [0.0, 0.63, 0.63, 0.0]),
 ])
 def test_windows(op_type, periodic, expected):
-    y = run(op_type, [np.array(4, np.int64)], 17, periodic=periodic)
+    y = run_node(op_type, np.array(4, np.int64), opset=17, periodic=periodic)
     assert y.dtype == np.float32 and y.shape == (4,)
     np.testing.assert_allclose(y, expected, atol=1e-6)
 
 
 def test_window_output_datatype():
-    y = run("HannWindow", [np.array(3, np.int32)], 17, output_datatype=TensorProto.DOUBLE)
+    y = run_node("HannWindow", np.array(3, np.int32), opset=17, output_datatype=TensorProto.DOUBLE)
     assert y.dtype == np.float64
     np.testing.assert_allclose(y, [0, 0.75, 0.75])
 
@@ -154,7 +139,7 @@ def test_window_output_datatype():
 def test_mel_weight_matrix_shape_and_peaks():
     args = [np.array(v, np.int64) for v in (4, 32, 16000)]
     args += [np.array(100.0, np.float32), np.array(6000.0, np.float32)]
-    y = run("MelWeightMatrix", args, 17, output_datatype=TensorProto.DOUBLE)
+    y = run_node("MelWeightMatrix", *args, opset=17, output_datatype=TensorProto.DOUBLE)
     assert y.shape == (17, 4) and y.dtype == np.float64
     assert np.all((y >= 0) & (y <= 1))
     # every triangle peaks at 1, and the peaks move up the spectrum

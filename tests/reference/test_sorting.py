@@ -1,49 +1,13 @@
 """TopK and Unique: hand-checked values for the edges the corpus covers thinly."""
 import ml_dtypes
 import numpy as np
-import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from onnx import helper
 
-from reference import NodeError, ReferenceEvaluator
-from reference.dtypes import onnx_type
-from reference.registry import lookup
-
-
-def _checker_context(opset):
-    ctx = onnx.checker.C.CheckerContext()
-    ctx.ir_version = onnx.IR_VERSION
-    ctx.opset_imports = {"": opset}
-    return ctx
-
-
-def run(op_type, *inputs, opset=28, n_out=1, **attrs):
-    """Run one node in a model built with onnx.helper; None marks an absent optional input."""
-    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
-    outs = [f"out{i}" for i in range(n_out)]
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, outs, **attrs)],
-        "t",
-        [
-            helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-            for n, v in zip(names, inputs)
-            if v is not None
-        ],
-        [helper.make_empty_tensor_value_info(o) for o in outs],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    # The node is still checked against its schema; graph outputs are left untyped.
-    onnx.checker.check_node(model.graph.node[0], _checker_context(opset))
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    res = ReferenceEvaluator(model, check=False).run(None, feeds)
-    return res[0] if n_out == 1 else res
-
-
-def fn(op_type, opset=28):
-    return lookup("", op_type, opset).fn
+from reference import NodeError
+from tests.reference.oneop import op_function, run_node
 
 
 def k(n):
@@ -53,18 +17,18 @@ def k(n):
 # TopK -----------------------------------------------------------------------------------
 def test_topk_ties_lower_index_first():
     x = np.array([3.0, 1.0, 3.0, 2.0, 1.0], np.float32)
-    v, i = run("TopK", x, k(3), n_out=2)
+    v, i = run_node("TopK", x, k(3), n_out=2)
     np.testing.assert_array_equal(v, [3, 3, 2])
     np.testing.assert_array_equal(i, [0, 2, 3])
     assert v.dtype == np.float32 and i.dtype == np.int64
-    v, i = run("TopK", x, k(3), n_out=2, largest=0)
+    v, i = run_node("TopK", x, k(3), n_out=2, largest=0)
     np.testing.assert_array_equal(v, [1, 1, 2])
     np.testing.assert_array_equal(i, [1, 4, 3])
 
 
 def test_topk_negative_axis_rank3():
     x = np.array([[[4, 9], [7, 1], [7, 5]], [[0, 2], [1, 2], [3, 2]]], np.int32)  # 2x3x2
-    v, i = run("TopK", x, k(2), axis=-2, n_out=2)
+    v, i = run_node("TopK", x, k(2), axis=-2, n_out=2)
     assert v.shape == (2, 2, 2) and v.dtype == np.int32
     np.testing.assert_array_equal(v, [[[7, 9], [7, 5]], [[3, 2], [1, 2]]])
     np.testing.assert_array_equal(i, [[[1, 0], [2, 2]], [[2, 0], [1, 1]]])
@@ -72,35 +36,35 @@ def test_topk_negative_axis_rank3():
 
 def test_topk_k_attribute_before_10():
     x = np.array([[1.0, 5.0, 3.0], [6.0, 6.0, 0.0]], np.float32)
-    v, i = run("TopK", x, k=1, opset=1, n_out=2)
+    v, i = run_node("TopK", x, k=1, opset=1, n_out=2)
     np.testing.assert_array_equal(v, [[5], [6]])
     np.testing.assert_array_equal(i, [[1], [0]])
-    v, i = run("TopK", x, k(2), axis=0, opset=10, n_out=2)
+    v, i = run_node("TopK", x, k(2), axis=0, opset=10, n_out=2)
     np.testing.assert_array_equal(i, [[1, 1, 0], [0, 0, 1]])
 
 
 def test_topk_k_zero_and_full():
     x = np.array([[2.0, 1.0]], np.float32)
-    v, i = run("TopK", x, k(0), n_out=2)
+    v, i = run_node("TopK", x, k(0), n_out=2)
     assert v.shape == (1, 0) and i.shape == (1, 0)
-    v, i = run("TopK", x, k(2), largest=0, n_out=2)
+    v, i = run_node("TopK", x, k(2), largest=0, n_out=2)
     np.testing.assert_array_equal(v, [[1, 2]])
 
 
 def test_topk_k_too_large():
     with pytest.raises(NodeError, match="k = 3"):
-        run("TopK", np.ones(2, np.float32), k(3), n_out=2)
+        run_node("TopK", np.ones(2, np.float32), k(3), n_out=2)
 
 
 def test_topk_unsigned_extremes_and_bfloat16():
     x = np.array([2**63 + 1, 1, 2**64 - 1, 0], np.uint64)
-    v, i = run("TopK", x, k(2), n_out=2)
+    v, i = run_node("TopK", x, k(2), n_out=2)
     np.testing.assert_array_equal(v, np.array([2**64 - 1, 2**63 + 1], np.uint64))
     np.testing.assert_array_equal(i, [2, 0])
-    v, i = run("TopK", x, k(2), largest=0, n_out=2)
+    v, i = run_node("TopK", x, k(2), largest=0, n_out=2)
     np.testing.assert_array_equal(i, [3, 1])
     b = np.array([0.5, -2, 8], ml_dtypes.bfloat16)
-    v, i = run("TopK", b, k(2), n_out=2)
+    v, i = run_node("TopK", b, k(2), n_out=2)
     assert v.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(i, [2, 0])
 
@@ -108,16 +72,16 @@ def test_topk_unsigned_extremes_and_bfloat16():
 def test_topk_nan_ranks_above_every_number():
     # The spec leaves NaN unordered; NaN is taken as larger than +inf, as NumPy sorts it.
     x = np.array([1.0, np.nan, np.inf, -1.0], np.float32)
-    v, i = run("TopK", x, k(2), n_out=2)
+    v, i = run_node("TopK", x, k(2), n_out=2)
     np.testing.assert_array_equal(i, [1, 2])
-    v, i = run("TopK", x, k(4), largest=0, n_out=2)
+    v, i = run_node("TopK", x, k(4), largest=0, n_out=2)
     np.testing.assert_array_equal(i, [3, 0, 2, 1])
 
 
 # Unique ---------------------------------------------------------------------------------
 def test_unique_spec_example_1_unsorted():
     x = np.array([2, 1, 1, 3, 4, 3], np.int64)
-    y, idx, inv, cnt = run("Unique", x, sorted=0, n_out=4)
+    y, idx, inv, cnt = run_node("Unique", x, sorted=0, n_out=4)
     np.testing.assert_array_equal(y, [2, 1, 3, 4])
     np.testing.assert_array_equal(idx, [0, 1, 3, 4])
     np.testing.assert_array_equal(inv, [0, 1, 1, 2, 3, 2])
@@ -125,7 +89,7 @@ def test_unique_spec_example_1_unsorted():
 
 
 def test_unique_spec_example_2_flattens():
-    y, idx, inv, cnt = run("Unique", np.array([[1, 3], [2, 3]], np.float32), n_out=4)
+    y, idx, inv, cnt = run_node("Unique", np.array([[1, 3], [2, 3]], np.float32), n_out=4)
     assert y.dtype == np.float32
     np.testing.assert_array_equal(y, [1, 2, 3])
     np.testing.assert_array_equal(idx, [0, 2, 1])
@@ -135,7 +99,7 @@ def test_unique_spec_example_2_flattens():
 
 def test_unique_spec_example_4_axis1():
     x = np.array([[[1, 1], [0, 1], [2, 1], [0, 1]], [[1, 1], [0, 1], [2, 1], [0, 1]]], np.float32)
-    y, idx, inv, cnt = run("Unique", x, axis=1, n_out=4)
+    y, idx, inv, cnt = run_node("Unique", x, axis=1, n_out=4)
     np.testing.assert_array_equal(y, [[[0, 1], [1, 1], [2, 1]], [[0, 1], [1, 1], [2, 1]]])
     np.testing.assert_array_equal(idx, [1, 0, 2])
     np.testing.assert_array_equal(inv, [1, 0, 2, 0])
@@ -144,12 +108,12 @@ def test_unique_spec_example_4_axis1():
 
 def test_unique_negative_axis_unsorted():
     x = np.array([[5, 1, 5, 0], [2, 3, 2, 3]], np.int32)  # columns: (5,2) (1,3) (5,2) (0,3)
-    y, idx, inv, cnt = run("Unique", x, axis=-1, sorted=0, n_out=4)
+    y, idx, inv, cnt = run_node("Unique", x, axis=-1, sorted=0, n_out=4)
     np.testing.assert_array_equal(y, [[5, 1, 0], [2, 3, 3]])
     np.testing.assert_array_equal(idx, [0, 1, 3])
     np.testing.assert_array_equal(inv, [0, 1, 0, 2])
     np.testing.assert_array_equal(cnt, [2, 1, 1])
-    y, idx, inv, cnt = run("Unique", x, axis=-1, n_out=4)
+    y, idx, inv, cnt = run_node("Unique", x, axis=-1, n_out=4)
     np.testing.assert_array_equal(y, [[0, 1, 5], [3, 3, 2]])
     np.testing.assert_array_equal(idx, [3, 1, 0])
     np.testing.assert_array_equal(inv, [2, 1, 2, 0])
@@ -157,28 +121,28 @@ def test_unique_negative_axis_unsorted():
 
 def test_unique_strings_and_bool():
     x = np.array(["b", "a", "b", "ab"], dtype=object)
-    y, idx, inv, cnt = run("Unique", x, n_out=4)
+    y, idx, inv, cnt = run_node("Unique", x, n_out=4)
     assert y.dtype == object
     np.testing.assert_array_equal(y, np.array(["a", "ab", "b"], dtype=object))
     np.testing.assert_array_equal(inv, [2, 0, 2, 1])
     rows = np.array([["x", "y"], ["x", "y"], ["a", "z"]], dtype=object)
-    y, idx, inv, cnt = run("Unique", rows, axis=0, n_out=4)
+    y, idx, inv, cnt = run_node("Unique", rows, axis=0, n_out=4)
     np.testing.assert_array_equal(y, np.array([["a", "z"], ["x", "y"]], dtype=object))
     np.testing.assert_array_equal(cnt, [1, 2])
-    y = run("Unique", np.array([True, False, True]))
+    y = run_node("Unique", np.array([True, False, True]))
     np.testing.assert_array_equal(y, [False, True])
 
 
 def test_unique_empty_input():
-    y, idx, inv, cnt = run("Unique", np.zeros((0, 3), np.float32), n_out=4)
+    y, idx, inv, cnt = run_node("Unique", np.zeros((0, 3), np.float32), n_out=4)
     assert y.shape == (0,) and idx.shape == inv.shape == cnt.shape == (0,)
     assert idx.dtype == inv.dtype == cnt.dtype == np.int64
-    y, idx, inv, cnt = run("Unique", np.zeros((0, 3), np.float32), axis=0, n_out=4)
+    y, idx, inv, cnt = run_node("Unique", np.zeros((0, 3), np.float32), axis=0, n_out=4)
     assert y.shape == (0, 3)
 
 
 def test_unique_only_y_requested():
-    y = run("Unique", np.array([3, 3, 1], np.uint8), sorted=0)
+    y = run_node("Unique", np.array([3, 3, 1], np.uint8), sorted=0)
     np.testing.assert_array_equal(y, [3, 1])
     assert y.dtype == np.uint8
 
@@ -195,7 +159,7 @@ small = hnp.arrays(
 @given(small, st.booleans(), st.data())
 def test_unique_reconstructs_input(x, is_sorted, data):
     axis = data.draw(st.none() | st.integers(-x.ndim, x.ndim - 1))
-    y, idx, inv, cnt = fn("Unique")(x, axis=axis, sorted=int(is_sorted))
+    y, idx, inv, cnt = op_function("Unique")(x, axis=axis, sorted=int(is_sorted))
     flat = x.reshape(-1) if axis is None else x
     ax = 0 if axis is None else axis
     np.testing.assert_array_equal(np.take(y, inv, axis=ax), flat)
@@ -213,7 +177,7 @@ def test_unique_reconstructs_input(x, is_sorted, data):
 def test_topk_matches_stable_sort(x, largest, data):
     axis = data.draw(st.integers(-x.ndim, x.ndim - 1))
     kk = data.draw(st.integers(0, x.shape[axis]))
-    v, i = fn("TopK")(x, k(kk), axis=axis, largest=int(largest))
+    v, i = op_function("TopK")(x, k(kk), axis=axis, largest=int(largest))
     key = -x.astype(np.int64) if largest else x
     expected = np.take(np.argsort(key, axis=axis, kind="stable"), np.arange(kk), axis=axis)
     np.testing.assert_array_equal(i, expected)

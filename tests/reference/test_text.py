@@ -3,11 +3,7 @@
 import numpy as np
 import pytest
 
-from reference.registry import lookup
-
-
-def fn(op_type, opset=28):
-    return lookup("", op_type, opset).fn
+from tests.reference.oneop import op_function
 
 
 def s(*values, shape=None):
@@ -17,39 +13,39 @@ def s(*values, shape=None):
 
 # StringConcat ----------------------------------------------------------------------------
 def test_concat_broadcasts_and_keeps_object_dtype():
-    z = fn("StringConcat")(s("a", "b", shape=(2, 1)), s("x", "y", "z"))
+    z = op_function("StringConcat")(s("a", "b", shape=(2, 1)), s("x", "y", "z"))
     assert z.shape == (2, 3) and z.dtype == object
     assert z.tolist() == [["ax", "ay", "az"], ["bx", "by", "bz"]]
 
 
 def test_concat_of_scalars_is_a_0d_array():
-    z = fn("StringConcat")(np.array("ü", dtype=object), np.array("", dtype=object))
+    z = op_function("StringConcat")(np.array("ü", dtype=object), np.array("", dtype=object))
     assert isinstance(z, np.ndarray) and z.shape == () and z[()] == "ü"
 
 
 def test_concat_of_empty_tensors():
-    z = fn("StringConcat")(s(shape=(0,)), s("q"))
+    z = op_function("StringConcat")(s(shape=(0,)), s("q"))
     assert z.shape == (0,)
 
 
 # StringNormalizer ------------------------------------------------------------------------
 def test_normalizer_drops_stopwords_case_insensitively_and_lowercases():
-    y = fn("StringNormalizer")(
+    y = op_function("StringNormalizer")(
         s("Monday", "is", "MONDAY", "fun"), stopwords=["monday"], case_change_action="LOWER"
     )
     assert y.tolist() == ["is", "fun"]
 
 
 def test_normalizer_case_sensitive_keeps_other_cases():
-    y = fn("StringNormalizer")(
+    y = op_function("StringNormalizer")(
         s("Monday", "monday", shape=(1, 2)), stopwords=["monday"], is_case_sensitive=1
     )
     assert y.shape == (1, 1) and y.tolist() == [["Monday"]]
 
 
 def test_normalizer_all_dropped_gives_one_empty_string():
-    assert fn("StringNormalizer")(s("a", "A"), stopwords=["a"]).tolist() == [""]
-    y = fn("StringNormalizer")(s("a", shape=(1, 1)), stopwords=["a"])
+    assert op_function("StringNormalizer")(s("a", "A"), stopwords=["a"]).tolist() == [""]
+    y = op_function("StringNormalizer")(s("a", shape=(1, 1)), stopwords=["a"])
     assert y.shape == (1, 1) and y[0, 0] == ""
 
 
@@ -63,21 +59,21 @@ def test_normalizer_all_dropped_gives_one_empty_string():
     ],
 )
 def test_normalizer_case_change_with_locales(locale, upper, lower):
-    up = fn("StringNormalizer")(s("istanbul"), case_change_action="UPPER", locale=locale)
-    low = fn("StringNormalizer")(s("ISTANBUL"), case_change_action="LOWER", locale=locale)
+    up = op_function("StringNormalizer")(s("istanbul"), case_change_action="UPPER", locale=locale)
+    low = op_function("StringNormalizer")(s("ISTANBUL"), case_change_action="LOWER", locale=locale)
     assert up.tolist() == [upper] and low.tolist() == [lower]
 
 
 def test_normalizer_rejects_other_ranks_and_actions():
     with pytest.raises(ValueError, match=r"\[C\] or \[1, C\]"):
-        fn("StringNormalizer")(s("a", "b", shape=(2, 1)))
+        op_function("StringNormalizer")(s("a", "b", shape=(2, 1)))
     with pytest.raises(ValueError, match="case_change_action"):
-        fn("StringNormalizer")(s("a"), case_change_action="TITLE")
+        op_function("StringNormalizer")(s("a"), case_change_action="TITLE")
 
 
 # StringSplit -----------------------------------------------------------------------------
 def test_split_on_delimiter_keeps_empty_pieces_and_pads():
-    y, n = fn("StringSplit")(s("a,,b", "", "c", "d,", shape=(2, 2)), delimiter=",")
+    y, n = op_function("StringSplit")(s("a,,b", "", "c", "d,", shape=(2, 2)), delimiter=",")
     assert y.shape == (2, 2, 3) and n.dtype == np.int64
     assert n.tolist() == [[3, 1], [1, 2]]
     assert y[0, 0].tolist() == ["a", "", "b"]
@@ -86,36 +82,36 @@ def test_split_on_delimiter_keeps_empty_pieces_and_pads():
 
 
 def test_split_on_whitespace_groups_runs_and_strips():
-    y, n = fn("StringSplit")(s("  a \t b  ", "   "))
+    y, n = op_function("StringSplit")(s("  a \t b  ", "   "))
     assert n.tolist() == [2, 0]
     assert y.tolist() == [["a", "b"], ["", ""]]
 
 
 def test_split_maxsplit_keeps_the_rest():
-    y, n = fn("StringSplit")(s("a-b-c-d", "x"), delimiter="-", maxsplit=2)
+    y, n = op_function("StringSplit")(s("a-b-c-d", "x"), delimiter="-", maxsplit=2)
     assert y.tolist() == [["a", "b", "c-d"], ["x", "", ""]] and n.tolist() == [3, 1]
-    y, n = fn("StringSplit")(s(" a  b  c "), maxsplit=1)
+    y, n = op_function("StringSplit")(s(" a  b  c "), maxsplit=1)
     assert y.tolist() == [["a", "b  c"]]
 
 
 def test_split_of_an_empty_tensor():
-    y, n = fn("StringSplit")(s(shape=(0, 2)), delimiter=" ")
+    y, n = op_function("StringSplit")(s(shape=(0, 2)), delimiter=" ")
     assert y.shape == (0, 2, 0) and n.shape == (0, 2)
 
 
 # RegexFullMatch --------------------------------------------------------------------------
 def test_regex_must_match_the_whole_string():
-    y = fn("RegexFullMatch")(s("abc", "abcd", "xabc", "", shape=(2, 2)), pattern="a.c|")
+    y = op_function("RegexFullMatch")(s("abc", "abcd", "xabc", "", shape=(2, 2)), pattern="a.c|")
     assert y.dtype == np.bool_ and y.tolist() == [[True, False], [False, True]]
     with pytest.raises(ValueError, match="not a valid regex"):
-        fn("RegexFullMatch")(s("a"), pattern="(")
+        op_function("RegexFullMatch")(s("a"), pattern="(")
 
 
 # TfIdfVectorizer -------------------------------------------------------------------------
 def tfidf(x, **kw):
     args = {"min_gram_length": 1, "max_gram_length": 2, "max_skip_count": 0}
     args.update(kw)
-    return fn("TfIdfVectorizer")(x, **args)
+    return op_function("TfIdfVectorizer")(x, **args)
 
 
 # pool: 1-grams [7], [8]; 2-grams [7, 8], [8, 8] -> output coordinates 3, 0, 1, 2

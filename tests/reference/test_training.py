@@ -8,27 +8,14 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from reference import ReferenceEvaluator
-from reference.dtypes import onnx_type
+from tests.reference.oneop import run_node
 
 TRAINING = "ai.onnx.preview.training"
 
 
 def run_optimizer(op_type, inputs, n_out, **attrs):
-    names = [f"in{i}" for i in range(len(inputs))]
-    outs = [f"out{i}" for i in range(n_out)]
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, outs, domain=TRAINING, **attrs)],
-        "t",
-        [
-            helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-            for n, v in zip(names, inputs)
-        ],
-        [helper.make_empty_tensor_value_info(o) for o in outs],
-    )
-    m = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(TRAINING, 1)]
-    )
-    return ReferenceEvaluator(m, check=False).run(None, dict(zip(names, inputs)))
+    return run_node(op_type, *inputs, n_out=n_out, as_list=True, opset=17, domain=TRAINING,
+                    **attrs)
 
 
 R = np.array(0.5, np.float32)
