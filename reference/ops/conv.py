@@ -79,11 +79,68 @@ def windows(xp, out, kernel, strides, dilations):
     return v[lead + outs + ks]
 
 
+def window_offsets(xp, out, kernel, strides, dilations):
+    """(offset, view) for each kernel offset: the strided view (..., o1..on) of xp (already
+    padded) holding that element of every window. Working offset by offset keeps each step a
+    large elementwise pass instead of work over tiny trailing window axes."""
+    rank = len(out)
+    lead = (slice(None),) * (xp.ndim - rank)
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        yield offset, xp[lead + tuple(slice(k * d, k * d + (o - 1) * s + 1, s) if o else slice(0, 0)
+                                      for k, d, o, s in zip(offset, dilations, out, strides))]
+
+
+def im2col(xp, out, kernel, strides, dilations, dtype):
+    """Columns (N, C*K, O) of xp's windows, rows ordered (c, k...), converted to `dtype` in
+    the same single copy."""
+    n, c = xp.shape[:2]
+    cols = np.empty((n, c, *kernel, *out), dtype=dtype)
+    for offset, view in window_offsets(xp, out, kernel, strides, dilations):
+        cols[(slice(None), slice(None)) + offset] = view
+    return cols.reshape(n, c * int(np.prod(kernel)), int(np.prod(out)))
+
+
 def _compute_dtype(dtype):
-    # Accumulate in float64 whatever the input type: rounding then no longer depends on the
-    # BLAS's blocking and threads, so equal weights give bitwise-equal channels (the light_*
-    # models' outputs depend on that), and results sit closer to the exact value.
+    # ConvTranspose and DeformConv accumulate in float64 whatever the input type: rounding then
+    # no longer depends on the BLAS's blocking and threads, and results sit closer to the
+    # exact value.
     return np.float64
+
+
+def _conv_dtype(dtype):
+    # Conv, the hot op of every CNN, runs its matmul in float32 (float64 stays float64): half
+    # the time of float64. Its rounding then depends on the BLAS's tiling; see tied_filters.
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+def tied_filters(w, group):
+    """For each output channel, the first channel of its group whose filter is bitwise equal,
+    or None when every filter is distinct.
+
+    A BLAS rounds rows differently depending on where they fall in its tiles, so identical
+    filters can give channels one ulp apart. Copying one channel over its twins keeps them
+    equal, as they are mathematically. Models with tied filters need this: the light_*
+    models' constant weights give logits near 1e10, and one ulp there changes a softmax.
+    """
+    m = w.shape[0]
+    per_group = m // group
+    if per_group == 1:
+        return None
+    bits = np.ascontiguousarray(w).reshape(group, per_group, -1)
+    bits = bits.view(np.dtype(f"u{bits.itemsize}"))
+    channels = np.arange(m).reshape(group, per_group)
+    source = channels.copy()
+    for g, rows in enumerate(bits):
+        # equal rows have equal (wrapping) integer sums; rows that share a sum are compared in full
+        sums = rows.sum(axis=1, dtype=rows.dtype)
+        _, first, inverse = np.unique(sums, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        for shared in np.flatnonzero(np.bincount(inverse) > 1):
+            members = np.flatnonzero(inverse == shared)
+            candidates = rows if len(members) == per_group else rows[members]
+            equal = (candidates == rows[first[shared]]).all(axis=1)
+            source[g, members[equal]] = channels[g, first[shared]]
+    return None if (source == channels).all() else source.reshape(-1)
 
 
 def grouped_matmul(cols, w, group):
@@ -106,20 +163,17 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         raise ValueError(f"X channels {x.shape[1]} and W {w.shape} do not fit group={group}")
     if tuple(kernel) != w.shape[2:]:
         raise ValueError(f"kernel_shape {kernel} does not match W spatial shape {w.shape[2:]}")
-    ct = _compute_dtype(x.dtype)
+    ct = _conv_dtype(x.dtype)
     begin, end, out = out_geometry(x.shape[2:], kernel, strides, dilations, pads, auto_pad)
-    xp = pad_spatial(x.astype(ct, copy=False), begin, end, out, kernel, strides, dilations, 0)
-    n, c = x.shape[:2]
-    if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and tuple(out) == xp.shape[2:]:
-        cols = xp.reshape(n, c, int(np.prod(out)))
-    else:
-        v = windows(xp, out, kernel, strides, dilations)  # (N, C, o..., k...)
-        perm = (0, 1) + tuple(range(2 + rank, 2 + 2 * rank)) + tuple(range(2, 2 + rank))
-        cols = v.transpose(perm).reshape(n, c * int(np.prod(kernel)), int(np.prod(out)))
+    xp = pad_spatial(x, begin, end, out, kernel, strides, dilations, 0)
+    cols = im2col(xp, out, kernel, strides, dilations, ct)
     y = grouped_matmul(cols, w.astype(ct, copy=False), group)
+    source = tied_filters(w, group)
+    if source is not None:
+        y = y[:, source]
     if b is not None:
         y += b.astype(ct).reshape(1, -1, 1)
-    return y.reshape((n, w.shape[0], *out)).astype(x.dtype, copy=False)
+    return y.reshape((x.shape[0], w.shape[0], *out)).astype(x.dtype, copy=False)
 
 
 # ConvTranspose ---------------------------------------------------------------------------

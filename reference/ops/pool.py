@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import op
-from .conv import out_geometry, pad_spatial, spatial_attrs, windows
+from .conv import out_geometry, pad_spatial, spatial_attrs, window_offsets, windows
 
 
 def _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
@@ -16,8 +16,15 @@ def _geometry(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
     return kernel, strides, dilations, begin, end, out
 
 
-def _window_axes(rank):
-    return tuple(range(-rank, 0))
+def _reduce_windows(ufunc, xp, out, kernel, strides, dilations):
+    """ufunc-reduce every window of xp (already padded), one kernel offset at a time."""
+    acc = None
+    for _, view in window_offsets(xp, out, kernel, strides, dilations):
+        if acc is None:
+            acc = view.copy()
+        else:
+            ufunc(acc, view, out=acc)
+    return acc
 
 
 def _acc_dtype(dtype):
@@ -32,7 +39,7 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
     rank = len(kernel)
     ct = _acc_dtype(x.dtype)
     xp = pad_spatial(x.astype(ct, copy=False), begin, end, out, kernel, strides, dilations, 0)
-    total = windows(xp, out, kernel, strides, dilations).sum(axis=_window_axes(rank))
+    total = _reduce_windows(np.add, xp, out, kernel, strides, dilations)
     # divisor: input cells in each window, plus the explicit/auto pads when count_include_pad;
     # the extra cells ceil_mode adds past the end padding never count
     counted = np.ones(x.shape[2:], dtype=ct)
@@ -42,7 +49,7 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
         counted = pad_spatial(counted, zero, zero, out, kernel, strides, dilations, 0)
     else:
         counted = pad_spatial(counted, begin, end, out, kernel, strides, dilations, 0)
-    count = windows(counted, out, kernel, strides, dilations).sum(axis=_window_axes(rank))
+    count = _reduce_windows(np.add, counted, out, kernel, strides, dilations)
     return (total / count).astype(x.dtype, copy=False)
 
 
@@ -59,10 +66,10 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
         x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     rank = len(kernel)
     xp = pad_spatial(x, begin, end, out, kernel, strides, dilations, _lowest(x.dtype))
-    v = windows(xp, out, kernel, strides, dilations)
-    y = v.max(axis=_window_axes(rank))
+    y = _reduce_windows(np.maximum, xp, out, kernel, strides, dilations)
     if ctx.n_outputs < 2 or not ctx.outputs[1]:
         return y
+    v = windows(xp, out, kernel, strides, dilations)
     # Indices: position of the (first) maximum, flattened over the unpadded input
     n, c = x.shape[:2]
     flat = v.reshape(*v.shape[: 2 + rank], int(np.prod(kernel)))
@@ -91,7 +98,7 @@ def lp_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=N
         x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     ct = _acc_dtype(x.dtype)
     xp = pad_spatial(np.abs(x.astype(ct, copy=False)), begin, end, out, kernel, strides, dilations, 0)
-    s = (windows(xp, out, kernel, strides, dilations) ** p).sum(axis=_window_axes(len(kernel)))
+    s = _reduce_windows(np.add, xp ** p, out, kernel, strides, dilations)
     return (s ** (1.0 / p)).astype(x.dtype, copy=False)
 
 

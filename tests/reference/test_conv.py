@@ -1,36 +1,17 @@
 """Conv, ConvTranspose, DeformConv, Col2Im against slow direct loops and hand-checked values."""
 import itertools
+from functools import partial
 
 import numpy as np
-import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from reference import NodeError, ReferenceEvaluator
-from reference.dtypes import onnx_type
+from reference import NodeError
+from tests.reference.oneop import run_node
 
-
-def run(op_type, *inputs, opset=22, n_out=1, **attrs):
-    """Run one node in a model built with onnx.helper; None marks an absent optional input."""
-    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
-    outs = [f"out{i}" for i in range(n_out)]
-    graph = helper.make_graph(
-        [helper.make_node(op_type, names, outs, **attrs)],
-        "t",
-        [helper.make_tensor_value_info(n, onnx_type(v.dtype), v.shape)
-         for n, v in zip(names, inputs) if v is not None],
-        [helper.make_empty_tensor_value_info(o) for o in outs],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    ctx = onnx.checker.C.CheckerContext()
-    ctx.ir_version = onnx.IR_VERSION
-    ctx.opset_imports = {"": opset}
-    onnx.checker.check_node(model.graph.node[0], ctx)
-    feeds = {n: v for n, v in zip(names, inputs) if v is not None}
-    res = ReferenceEvaluator(model, check=False).run(None, feeds)
-    return res[0] if n_out == 1 else res
+run = partial(run_node, opset=22)  # the opset these tests target unless one says otherwise
 
 
 rng = np.random.default_rng(0)
@@ -310,3 +291,48 @@ def test_conv_transpose_is_the_adjoint_of_conv(data):
     xt = run("ConvTranspose", r, w, **attrs)
     assert xt.shape == x.shape
     np.testing.assert_allclose((y * r).sum(), (x * xt).sum(), rtol=1e-9, atol=1e-9)
+
+
+# Conv in float32: bitwise-equal filters give bitwise-equal channels ------------------------
+_tie_rng = np.random.default_rng(7)
+
+
+def test_identical_filters_give_bitwise_identical_channels():
+    # a BLAS rounds rows by their place in its tiles; 64 equal filters over 32x3x3 inputs
+    # come out one ulp apart without the tie (checked with OpenBLAS, 1 and 2 threads)
+    x = _tie_rng.standard_normal((1, 32, 13, 13)).astype(np.float32) * 1e3
+    w = np.broadcast_to(_tie_rng.standard_normal((1, 32, 3, 3)), (64, 32, 3, 3)).astype(np.float32)
+    y = run("Conv", x, w, pads=[1, 1, 1, 1])
+    np.testing.assert_array_equal(y, np.broadcast_to(y[:, :1], y.shape))
+
+
+def test_tied_filters_only_where_bitwise_equal():
+    # rows 0/2 and 1/4 are twins; row 3 has the same values as row 1 in another order (equal
+    # integer sums of the bits), so it must keep its own, different result
+    a, b = _tie_rng.standard_normal((2, 4, 3, 3)).astype(np.float32)
+    c = b.reshape(-1)[::-1].reshape(4, 3, 3).copy()
+    w = np.stack([a, b, a, c, b] * 16)
+    x = _tie_rng.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    y = run("Conv", x, w)
+    np.testing.assert_array_equal(y[:, 0], y[:, 2])
+    np.testing.assert_array_equal(y[:, 1], y[:, 4])
+    exact = np.einsum("nchw,mc->nmhw",
+                      np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), (3, 3), axis=(2, 3))
+                      .transpose(0, 1, 4, 5, 2, 3).reshape(2, 36, 7, 7),
+                      w.reshape(80, 36).astype(np.float64))
+    np.testing.assert_allclose(y, exact, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(y[:, 3], y[:, 1])
+
+
+def test_equal_filters_in_different_groups_are_not_tied():
+    # group g sees only its own input channels: equal filters there give different channels
+    x = _tie_rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    w = np.ones((4, 2, 3, 3), np.float32)
+    y = run("Conv", x, w, group=2)
+    np.testing.assert_array_equal(y[:, 0], y[:, 1])
+    np.testing.assert_allclose(y[:, 2], y[:, 3])
+    windows = np.lib.stride_tricks.sliding_window_view
+    expected = [windows(x[0, 2 * g:2 * g + 2].astype(np.float64), (3, 3), axis=(1, 2)).sum(axis=(0, 3, 4))
+                for g in (0, 1)]
+    np.testing.assert_allclose(y[0, 0], expected[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y[0, 2], expected[1], rtol=1e-5, atol=1e-5)
