@@ -146,14 +146,17 @@ def lrn(x, *, alpha=1e-4, beta=0.75, bias=1.0, size=None):
     if not size or size <= 0:
         raise ValueError(f"size must be a positive integer, got {size}")
     ct = _acc(x.dtype)
-    sq = np.square(x.astype(ct))
+    xc = x.astype(ct, copy=False)
     # the sum runs over channels [c - floor((size-1)/2), c + ceil((size-1)/2)]
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
     widths = [(0, 0)] * x.ndim
     widths[1] = (lo, hi)
-    padded = np.pad(sq, widths)
-    square_sum = np.lib.stride_tricks.sliding_window_view(padded, size, axis=1).sum(axis=-1)
-    y = x.astype(ct) / (ct(bias) + ct(alpha) / size * square_sum) ** ct(beta)
+    padded = np.pad(np.square(xc), widths)
+    channels = x.shape[1]
+    square_sum = padded[:, :channels].copy()
+    for shift in range(1, size):  # one pass per window offset, not a reduction over tiny axes
+        square_sum += padded[:, shift:shift + channels]
+    y = xc / (ct(bias) + ct(alpha) / size * square_sum) ** ct(beta)
     return y.astype(x.dtype, copy=False)
 
 
@@ -184,10 +187,15 @@ def mean_variance_normalization(x, *, axes=(0, 2, 3)):
 
 
 # Dropout -------------------------------------------------------------------------------------
-def _dropout(x, ratio, seed):
+def _dropout(x, ratio, seed, ctx):
     """Training-mode dropout: keep where uniform[0,1) >= ratio, scaling kept values by 1/(1-ratio)."""
-    rng = np.random.RandomState(seed) if seed is not None else np.random.RandomState()
-    mask = rng.uniform(0.0, 1.0, x.shape) >= ratio
+    # a seed reproduces the corpus's draws (NumPy's legacy generator); without one the
+    # evaluator's seeded generator keeps the run repeatable
+    if seed is not None:
+        uniform = np.random.RandomState(seed).uniform(0.0, 1.0, x.shape)
+    else:
+        uniform = ctx.evaluator.rng.uniform(0.0, 1.0, x.shape)
+    mask = uniform >= ratio
     return (x * mask / (1.0 - ratio)).astype(x.dtype, copy=False), mask
 
 
@@ -196,7 +204,7 @@ def dropout_1(x, *, consumed_inputs=None, is_test=0, ratio=0.5, ctx):
     if is_test or ratio == 0:
         y, mask = x.copy(), np.ones(x.shape, dtype=x.dtype)
     else:
-        y, mask = _dropout(x, ratio, None)
+        y, mask = _dropout(x, ratio, None, ctx)
         mask = mask.astype(x.dtype)
     return (y, mask) if ctx.n_outputs > 1 else y
 
@@ -221,5 +229,5 @@ def dropout_12(x, ratio=None, training_mode=None, *, seed=None, ctx):
     if training_mode is None or not bool(training_mode) or r == 0:
         y, mask = x.copy(), np.ones(x.shape, dtype=bool)
     else:
-        y, mask = _dropout(x, r, seed)
+        y, mask = _dropout(x, r, seed, ctx)
     return (y, mask) if ctx.n_outputs > 1 else y
