@@ -33,8 +33,8 @@ def float32_only(fn):
 def _binary(op):
     @float32_only
     def kernel(a, b, **attrs):
-        if attrs.get("broadcast"):  # opset<7 legacy broadcasting: leave it to the reference
-            return NotImplemented
+        if "broadcast" in attrs and (attrs["broadcast"] or a.shape != b.shape):
+            return NotImplemented  # opset<7 binary ops: the reference applies the legacy rule
         return kernels.binary(op, a, b)
 
     return kernel
