@@ -1,0 +1,1 @@
+"""pytest-benchmark suites and the models they time (see README.md here)."""
