@@ -6,7 +6,8 @@ sequences, dicts for maps and reference.values.EMPTY for an empty optional.
 from __future__ import annotations
 
 import importlib.util
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 from onnx import ModelProto

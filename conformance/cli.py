@@ -109,7 +109,7 @@ def cmd_test(args) -> int:
     from .backends import make_backend
     from .expectations import Expectations
     from .reports import print_summary, problems, write_json, write_junit, write_markdown
-    from .runner import RunConfig, apply_expectations, collect_tests, run_tests
+    from .runner import RunConfig, apply_expectations, collect_tests
 
     console = _console()
     options = {}

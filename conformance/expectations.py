@@ -77,7 +77,7 @@ class Expectations:
                     f"{source}: section [{section}] must be [all], [opsetN] or [\"opsetA-B\"]"
                 )
             if m.group(1) == "all":
-                opsets = range(0, 10_000)
+                opsets = range(10_000)
             else:
                 lo = int(m.group(2))
                 opsets = range(lo, int(m.group(3) or lo) + 1)

@@ -9,7 +9,7 @@ from onnx import FunctionProto
 from .types import value_type_proto
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schema_for(op_type: str, opset: int, domain: str):
     try:
         return onnx.defs.get_schema(op_type, opset, domain)

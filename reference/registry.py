@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import bisect
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 # ai.onnx is spelled "" in models; "ai.onnx" is accepted as an alias.
 DOMAIN_ALIASES = {"ai.onnx": ""}

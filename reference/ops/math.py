@@ -14,7 +14,6 @@ import numpy as np
 from ..dtypes import is_float
 from ..registry import op
 
-
 # helpers -------------------------------------------------------------------------------
 
 
@@ -279,13 +278,13 @@ def _clip(x, lo, hi):
 
 
 @op("Clip", 1)
-def clip_1(x, *, min=None, max=None, consumed_inputs=None):  # noqa: A002 - spec names
+def clip_1(x, *, min=None, max=None, consumed_inputs=None):
     """Bounds as attributes; an unset bound does not clip."""
     return _clip(x, min, max)
 
 
 @op("Clip", 11)
-def clip(x, min=None, max=None):  # noqa: A002 - spec names
+def clip(x, min=None, max=None):
     """Min(max, Max(x, min)): when min > max every value becomes max."""
     for name, bound in (("min", min), ("max", max)):
         if bound is not None and np.asarray(bound).size != 1:

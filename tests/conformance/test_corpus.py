@@ -37,18 +37,18 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("backend_spec, corpus_test", cases, ids=ids)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _corpus(opset: int):
     return open_corpus(load_pins()[opset], Cache(), fetch=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _backend(spec: str):
     name, _, level = spec.partition(":")
     return make_backend(name, level=int(level)) if name == "optimized" else make_backend(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _expectations(spec: str):
     name = spec.partition(":")[0]
     return Expectations.load("optimized-cpu" if name == "optimized" else name)

@@ -1,11 +1,19 @@
 """Expectations are strict both ways, and every entry needs a reason."""
 import pytest
 
-from conformance.expectations import (
-    EXPECTED_FAIL, PASS, STALE, UNEXPECTED_FAIL, ERROR, UNAVAILABLE,
-    ExpectationFileError, Expectations, Tolerances, verdict,
-)
 from conformance.compare import Tolerance
+from conformance.expectations import (
+    ERROR,
+    EXPECTED_FAIL,
+    PASS,
+    STALE,
+    UNAVAILABLE,
+    UNEXPECTED_FAIL,
+    ExpectationFileError,
+    Expectations,
+    Tolerances,
+    verdict,
+)
 
 TEXT = """
 [all]

@@ -5,7 +5,13 @@ import pytest
 
 from conformance.corpus import open_corpus
 from conformance.pins import (
-    Cache, CorpusUnavailable, CorruptPin, Wheel, load_pins, select_pins, sha256_file,
+    Cache,
+    CorpusUnavailable,
+    CorruptPin,
+    Wheel,
+    load_pins,
+    select_pins,
+    sha256_file,
 )
 from reference.values import EMPTY
 

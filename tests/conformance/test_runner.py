@@ -8,9 +8,9 @@ import pytest
 
 from conformance import backends
 from conformance.cli import main
-from conformance.runner import RunConfig, apply_expectations, collect_tests, run_tests
 from conformance.expectations import Expectations
 from conformance.pins import Cache, load_pins
+from conformance.runner import RunConfig, apply_expectations, collect_tests, run_tests
 
 from .synthetic import build_wheel, write_pins
 

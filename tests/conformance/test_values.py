@@ -2,8 +2,8 @@
 strings, sequences, optionals (empty and full) and maps."""
 import ml_dtypes
 import numpy as np
-import pytest
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conformance.corpus import parse_value

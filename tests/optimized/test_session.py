@@ -90,7 +90,8 @@ def test_profiling_writes_one_event_per_node(tmp_path):
                     profile_file_prefix=str(tmp_path / "prof"))
     sess.run(None, {"x": np.ones((2, 8), np.float32)})
     path = sess.end_profiling()
-    events = json.loads(open(path).read())
+    with open(path) as f:
+        events = json.load(f)
     assert [e["args"]["op_name"] for e in events] == ["MatMul", "Add", "Relu", "Identity", "MatMul"]
     assert events[0]["args"]["input_type_shape"][0] == {"float32": [2, 8]}
     assert all(e["dur"] >= 0 and e["ph"] == "X" for e in events)

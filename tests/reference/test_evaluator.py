@@ -1,6 +1,5 @@
 """The evaluator itself: what iter_results yields, how feeds and models are checked, errors that
 name the node, model-local functions with attribute references, and schema function bodies."""
-import os
 
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
@@ -12,7 +11,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import reference.evaluator as evaluator_module
 from reference import (
-    InvalidFeedError, InvalidModelError, NodeError, ReferenceEvaluator, UnsupportedOpError,
+    InvalidFeedError,
+    InvalidModelError,
+    NodeError,
+    ReferenceEvaluator,
+    UnsupportedOpError,
 )
 
 F = TensorProto.FLOAT
