@@ -191,7 +191,7 @@ class _GraphRunner:
                 )
             attrs = self.attributes(node, scope, path, fn_attrs, schema)
             return self.run_function(body, inputs, attrs, path + (node.name or node.op_type,))
-        attrs = self.attributes(node, scope, path, fn_attrs, schema)
+        attrs = self.static_attributes(node, scope, path, fn_attrs, schema)
         kernel = self.ev.kernels.get((domain, node.op_type))
         if kernel is not None:
             result = kernel(*inputs, **attrs)
@@ -220,6 +220,23 @@ class _GraphRunner:
         return [scope[o] if o in scope else None for o in function.output]
 
     # attributes -----------------------------------------------------------------------
+    def static_attributes(self, node, scope, path, fn_attrs, schema) -> dict:
+        """attributes(), converted once per node when they cannot change between runs (no
+        subgraph, no reference to a function's attribute); tensors come back read-only."""
+        if fn_attrs is not None or any(
+            a.ref_attr_name or a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+            for a in node.attribute
+        ):
+            return self.attributes(node, scope, path, fn_attrs, schema)
+        cached = self.ev._attribute_cache.get(id(node))
+        if cached is None or cached[0] is not node:
+            attrs = self.attributes(node, scope, path, fn_attrs, schema)
+            for value in attrs.values():
+                if isinstance(value, np.ndarray):
+                    value.setflags(write=False)
+            cached = self.ev._attribute_cache[id(node)] = (node, attrs)
+        return dict(cached[1])
+
     def attributes(self, node, scope, path, fn_attrs, schema) -> dict:
         attrs = {}
         for a in node.attribute:
@@ -297,6 +314,7 @@ class ReferenceEvaluator:
         self.kernels = kernels or {}
         self.rng = np.random.default_rng(seed)
         self._initial = None
+        self._attribute_cache: dict[int, tuple] = {}
         if check:
             validate(self.model)
         self.graph = self.model.graph
@@ -320,6 +338,8 @@ class ReferenceEvaluator:
             self._initial = {i.name: tensor_value(i) for i in self.graph.initializer}
             self._initial.update(
                 {i.values.name: sparse_value(i) for i in self.graph.sparse_initializer})
+            for value in self._initial.values():
+                value.setflags(write=False)  # shared by every run: an op must not write to it
         return self._initial
 
     @property
@@ -347,13 +367,10 @@ class ReferenceEvaluator:
         scope = Scope()
         for name, value in feeds.items():
             scope[name] = normalize(value)
-        for init in self.graph.initializer:
-            if init.name not in feeds:
-                scope[init.name] = tensor_value(init)
-                yield Result("initializer", init.name, scope[init.name])
-        for init in self.graph.sparse_initializer:
-            scope[init.values.name] = sparse_value(init)
-            yield Result("initializer", init.values.name, scope[init.values.name])
+        for name, value in self.initial_values().items():
+            if name not in feeds:
+                scope[name] = value
+                yield Result("initializer", name, value)
         for info in self.graph.input:
             if info.name in feeds:
                 yield Result("input", info.name, scope[info.name])
