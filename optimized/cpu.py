@@ -8,8 +8,11 @@ code does not take) also fall back, so the reference op reports real model error
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
+
+from reference.ops.conv import tied_filters
 
 from . import kernels
 
@@ -80,9 +83,26 @@ def _conv(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1, p
           strides=None, activation=None, activation_params=(), kernel_shape=None):
     if x.ndim != 4:
         return NotImplemented
-    return kernels.conv2d(x, w, b, strides=strides, pads=pads, dilations=dilations, group=group,
-                          auto_pad=auto_pad, residual=z, activation=activation,
-                          activation_params=list(activation_params or ()))
+    y = kernels.conv2d(x, w, b, strides=strides, pads=pads, dilations=dilations, group=group,
+                       auto_pad=auto_pad, residual=z, activation=activation,
+                       activation_params=list(activation_params or ()))
+    ties = _tied_filters(w, group)
+    if ties is not None and (b is None or np.array_equal(b, b[ties])) and z is None:
+        y = y[:, ties]  # equal filters give equal channels, as the reference's Conv does
+    return y
+
+
+_TIES: dict[int, tuple] = {}
+
+
+def _tied_filters(w, group):
+    """reference's tied_filters, remembered for read-only weights (initializers)."""
+    if w.flags.writeable:
+        return tied_filters(w, group)
+    cached = _TIES.get(id(w))
+    if cached is None or cached[0]() is not w:
+        cached = _TIES[id(w)] = (weakref.ref(w), tied_filters(w, group))
+    return cached[1]
 
 
 conv = float32_only(lambda x, w, b=None, **attrs: _conv(x, w, b, **attrs))
