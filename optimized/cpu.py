@@ -173,6 +173,23 @@ KERNELS = {
 }
 
 
+_threads_in_use = [0]
+
+
 def set_num_threads(n: int) -> None:
-    """intra_op_num_threads: 0 means every available core."""
-    kernels.set_num_threads(n or kernels._available_cpus())
+    """intra_op_num_threads (0: every available core) for the C kernels' OpenMP pool and for
+    NumPy's BLAS, which the reference ops reach through np.matmul and friends: without the
+    limit, that BLAS starts a pool of its own beside OpenMP's and the two fight for the cores."""
+    n = n or kernels._available_cpus()
+    if n == _threads_in_use[0] == kernels.get_num_threads():
+        return
+    _numpy_blas().limit(limits=n)
+    kernels.set_num_threads(n)  # after the limit, which also reaches our BLAS: back to 1 there
+    _threads_in_use[0] = n
+
+
+@functools.cache
+def _numpy_blas():
+    import threadpoolctl
+
+    return threadpoolctl.ThreadpoolController().select(user_api="blas")

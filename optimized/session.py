@@ -108,6 +108,7 @@ class InferenceSession:
         self._evaluator = ReferenceEvaluator(self._model, check=False)
         from .cpu import KERNELS, set_num_threads
 
+        self._set_num_threads = set_num_threads
         set_num_threads(self._options.intra_op_num_threads)
         self._plan = Plan(self._model, KERNELS, self._evaluator)
         self._inputs = [NodeArg(v) for v in self._evaluator.input_infos]
@@ -126,6 +127,7 @@ class InferenceSession:
     # onnxruntime's surface ------------------------------------------------------------
     def run(self, output_names, input_feed, run_options=None):
         self._check_feeds(input_feed)
+        self._set_num_threads(self._options.intra_op_num_threads)  # sessions may differ
         checker = self._check_node if self._options.check_nodes else None
         outputs = self._plan.run(input_feed, profiler=self._profiler, checker=checker)
         all_names = [o.name for o in self._outputs]

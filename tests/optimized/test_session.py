@@ -140,3 +140,19 @@ def test_values_are_released_after_last_use():
     released = {sess._plan.names[s] for step in sess._plan.steps for s in step.release}
     assert {"h", "hb", "a", "a2"} <= released
     assert "y" not in released
+
+
+def test_intra_op_threads_govern_numpys_blas_and_the_kernels():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from optimized import kernels
+
+    x = np.ones((2, 8), np.float32)
+    one, two = _session(intra_op_num_threads=1), _session(intra_op_num_threads=2)
+    for sess, n in ((one, 1), (two, 2), (one, 1)):  # each run applies its own session's count
+        sess.run(None, {"x": x})
+        assert kernels.get_num_threads() == n
+        numpy_blas = [i for i in threadpoolctl.threadpool_info()
+                      if i["user_api"] == "blas" and "openblas64" in i["filepath"]]
+        assert all(i["num_threads"] == n for i in numpy_blas)
+        ours = [i for i in threadpoolctl.threadpool_info() if "scipy_openblas32" in i["filepath"]]
+        assert all(i["num_threads"] == 1 for i in ours)  # the kernels split GEMMs with OpenMP
