@@ -1,73 +1,85 @@
+/* Attention as two GEMMs per block of query rows (scores = Q K^T, output = P V) with the
+ * scale, mask, causal cut and softmax applied to the score block in between, so the BLAS does
+ * the flops and the scores of a block stay in cache. */
 #include <math.h>
 #include <stdlib.h>
 #include <omp.h>
 
 #include "kernels.h"
 #include "internal.h"
+#include "vmath.h"
 
-/* One query row: scores over the keys it may see, softmax, then the weighted sum of values. */
+enum { ROWS_PER_BLOCK = 64 };
+
+/* Softmax of one score row over its first `visible` keys; later keys get probability 0.  A
+ * row that sees no key (all -inf) becomes zeros, as the ONNX Attention op defines it. */
 VECTOR_CLONES
-static void attend_row(const float *qi, const float *k, const float *v, float *yi, int visible,
-                       int head_size, int v_head_size, float scale,
-                       const float *mask_row, int64_t mask_col_stride, float *scores)
+static void softmax_visible(float *row, int visible, int kv_len, const float *mask_row,
+                            int64_t mask_col_stride)
 {
     float m = -INFINITY;
     for (int j = 0; j < visible; ++j) {
-        const float *kj = k + (size_t)j * head_size;
-        float dot = 0.0f;
-        #pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < head_size; ++d) dot += qi[d] * kj[d];
-        float s = dot * scale;
-        if (mask_row != NULL) s += mask_row[j * mask_col_stride];
-        scores[j] = s;
-        if (s > m || s != s) m = s;
+        if (mask_row != NULL) row[j] += mask_row[j * mask_col_stride];
+        if (row[j] > m || row[j] != row[j]) m = row[j];
     }
-    for (int d = 0; d < v_head_size; ++d) yi[d] = 0.0f;
     if (m == -INFINITY)
-        return; /* no key visible: zeros, as the ONNX Attention op defines it */
+        visible = 0;
     float total = 0.0f;
-    for (int j = 0; j < visible; ++j) {
-        scores[j] = expf(scores[j] - m);
-        total += scores[j];
-    }
+    for (int j = 0; j < visible; ++j)
+        row[j] = vm_exp(row[j] - m);
+    #pragma omp simd reduction(+ : total)
+    for (int j = 0; j < visible; ++j)
+        total += row[j];
     float inv = 1.0f / total;
-    for (int j = 0; j < visible; ++j) {
-        const float *vj = v + (size_t)j * v_head_size;
-        float p = scores[j] * inv;
-        #pragma omp simd
-        for (int d = 0; d < v_head_size; ++d) yi[d] += p * vj[d];
-    }
+    for (int j = 0; j < visible; ++j) row[j] *= inv;
+    for (int j = visible; j < kv_len; ++j) row[j] = 0.0f;
 }
 
 int attention_f32(const float *q, const float *k, const float *v, float *y, int batch,
                   int heads, int q_len, int kv_len, int head_size, int v_head_size, float scale,
                   const float *mask, const int64_t *mask_strides, int causal, int causal_offset)
 {
-    int64_t rows = (int64_t)batch * heads * q_len;
-    size_t work = (size_t)rows * kv_len * (size_t)(head_size + v_head_size);
-    int threads = threads_for(work);
-    size_t per_thread = kv_len > 0 ? (size_t)kv_len : 1;
+    int64_t blocks_per_head = (q_len + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+    int64_t blocks = (int64_t)batch * heads * blocks_per_head;
+    size_t work = (size_t)batch * heads * q_len * kv_len * (size_t)(head_size + v_head_size);
+    int threads = threads_for(work / 8);
+    if (threads > blocks) threads = blocks > 0 ? (int)blocks : 1;
+    size_t per_thread = (size_t)ROWS_PER_BLOCK * (kv_len > 0 ? kv_len : 1);
     float *scratch = malloc(sizeof(float) * per_thread * threads);
     if (scratch == NULL)
         return -1;
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-        int64_t bh = r / q_len, i = r % q_len, b = bh / heads, h = bh % heads;
-        int visible = kv_len;
-        if (causal) {
-            int64_t last = i + causal_offset; /* the last key this query may see */
-            visible = last < 0 ? 0 : last + 1 < kv_len ? (int)(last + 1) : kv_len;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        int64_t bh = blk / blocks_per_head, b = bh / heads, h = bh % heads;
+        int first = (int)(blk % blocks_per_head) * ROWS_PER_BLOCK;
+        int rows = q_len - first < ROWS_PER_BLOCK ? q_len - first : ROWS_PER_BLOCK;
+        const float *qb = q + ((size_t)bh * q_len + first) * head_size;
+        const float *kb = k + (size_t)bh * kv_len * head_size;
+        const float *vb = v + (size_t)bh * kv_len * v_head_size;
+        float *yb = y + ((size_t)bh * q_len + first) * v_head_size;
+        float *scores = scratch + per_thread * omp_get_thread_num();
+        if (kv_len > 0 && head_size > 0)
+            gemm_block(0, 1, rows, kv_len, head_size, scale, qb, head_size, kb, head_size, 0.0f,
+                       scores, kv_len);
+        else
+            for (size_t j = 0; j < (size_t)rows * kv_len; ++j) scores[j] = 0.0f;
+        for (int r = 0; r < rows; ++r) {
+            int i = first + r, visible = kv_len;
+            if (causal) {
+                int64_t last = (int64_t)i + causal_offset; /* the last key query i may see */
+                visible = last < 0 ? 0 : last + 1 < kv_len ? (int)(last + 1) : kv_len;
+            }
+            const float *mask_row = NULL;
+            if (mask != NULL)
+                mask_row = mask + b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2];
+            softmax_visible(scores + (size_t)r * kv_len, visible, kv_len, mask_row,
+                            mask != NULL ? mask_strides[3] : 0);
         }
-        const float *mask_row = NULL;
-        int64_t col_stride = 0;
-        if (mask != NULL) {
-            mask_row = mask + b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2];
-            col_stride = mask_strides[3];
-        }
-        attend_row(q + (size_t)r * head_size, k + (size_t)bh * kv_len * head_size,
-                   v + (size_t)bh * kv_len * v_head_size, y + (size_t)r * v_head_size,
-                   visible, head_size, v_head_size, scale, mask_row, col_stride,
-                   scratch + per_thread * omp_get_thread_num());
+        if (kv_len > 0)
+            gemm_block(0, 0, rows, v_head_size, kv_len, 1.0f, scores, kv_len, vb, v_head_size,
+                       0.0f, yb, v_head_size);
+        else
+            for (size_t j = 0; j < (size_t)rows * v_head_size; ++j) yb[j] = 0.0f;
     }
     free(scratch);
     return 0;

@@ -2,6 +2,7 @@
 
 #include "kernels.h"
 #include "internal.h"
+#include "vmath.h"
 
 void relu_f32(const float *x, float *y, size_t n)
 {
@@ -12,24 +13,28 @@ void relu_f32(const float *x, float *y, size_t n)
     }
 }
 
+VECTOR_CLONES
 static void leaky_relu(float *y, size_t n, float slope)
 {
     for (size_t i = 0; i < n; ++i)
         y[i] = (y[i] < 0.0f) ? y[i] * slope : y[i];
 }
 
+VECTOR_CLONES
 static void sigmoid(float *y, size_t n)
 {
     for (size_t i = 0; i < n; ++i)
-        y[i] = 1.0f / (1.0f + expf(-y[i]));
+        y[i] = vm_sigmoid(y[i]);
 }
 
+VECTOR_CLONES
 static void tanh_(float *y, size_t n)
 {
     for (size_t i = 0; i < n; ++i)
-        y[i] = tanhf(y[i]);
+        y[i] = vm_tanh(y[i]);
 }
 
+VECTOR_CLONES
 static void clip(float *y, size_t n, float lo, float hi)
 {
     for (size_t i = 0; i < n; ++i) {
@@ -38,20 +43,18 @@ static void clip(float *y, size_t n, float lo, float hi)
     }
 }
 
+VECTOR_CLONES
 static void gelu_erf(float *y, size_t n)
 {
-    const float inv_sqrt2 = 0.70710678118654752f;
     for (size_t i = 0; i < n; ++i)
-        y[i] = 0.5f * y[i] * (1.0f + erff(y[i] * inv_sqrt2));
+        y[i] = vm_gelu_erf(y[i]);
 }
 
+VECTOR_CLONES
 static void gelu_tanh(float *y, size_t n)
 {
-    const float sqrt_2_over_pi = 0.79788456080286536f;
-    for (size_t i = 0; i < n; ++i) {
-        float v = y[i];
-        y[i] = 0.5f * v * (1.0f + tanhf(sqrt_2_over_pi * (v + 0.044715f * v * v * v)));
-    }
+    for (size_t i = 0; i < n; ++i)
+        y[i] = vm_gelu_tanh(y[i]);
 }
 
 VECTOR_CLONES

@@ -104,3 +104,32 @@ void gemm_f32(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
     if (act != ACT_NONE)
         activation_f32(y, y, (size_t)m * n, act, act_alpha, act_beta);
 }
+
+void gemm_batched_f32(int trans_a, int trans_b, int batch, int m, int n, int k, float alpha,
+                      const float *a, int64_t a_batch_stride, const float *b,
+                      int64_t b_batch_stride, float *y)
+{
+    if (batch == 0 || m == 0 || n == 0)
+        return;
+    size_t y_stride = (size_t)m * n;
+    if (k == 0) {
+        for (size_t i = 0; i < (size_t)batch * y_stride; ++i) y[i] = 0.0f;
+        return;
+    }
+    int lda = trans_a ? m : k, ldb = trans_b ? k : n;
+    /* Many small products (attention heads): one whole product per thread.  Few large ones:
+     * each product split across the threads. */
+    int per_product = gemm_threads(m, n, k), threads = kernels_get_num_threads();
+    if (per_product < threads && batch > 1) {
+        double useful = (double)batch * m * n * k / MIN_FLOPS_PER_THREAD;
+        int outer = useful < 1.0 ? 1 : useful < threads ? (int)useful : threads;
+        #pragma omp parallel for num_threads(outer) schedule(static)
+        for (int i = 0; i < batch; ++i)
+            gemm_block(trans_a, trans_b, m, n, k, alpha, a + i * a_batch_stride, lda,
+                       b + i * b_batch_stride, ldb, 0.0f, y + i * y_stride, n);
+        return;
+    }
+    for (int i = 0; i < batch; ++i)
+        gemm_parallel(trans_a, trans_b, m, n, k, alpha, a + i * a_batch_stride, lda,
+                      b + i * b_batch_stride, ldb, 0.0f, y + i * y_stride, n);
+}

@@ -43,6 +43,13 @@ void gemm_f32(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
               const float *b, float beta, const float *c, int64_t c_row_stride,
               int64_t c_col_stride, float *y, int act, float act_alpha, float act_beta);
 
+/* y[i] (m x n) = alpha * op(a[i]) @ op(b[i]) for i < batch, with a[i] = a + i * a_batch_stride
+ * and b[i] = b + i * b_batch_stride (stride 0 shares one operand across the batch); y is
+ * contiguous (batch, m, n). */
+void gemm_batched_f32(int trans_a, int trans_b, int batch, int m, int n, int k, float alpha,
+                      const float *a, int64_t a_batch_stride, const float *b,
+                      int64_t b_batch_stride, float *y);
+
 /* y = act(conv(x, w) + bias + residual), NCHW; w is (out_c, in_c / group, k_h, k_w).  bias
  * (out_c) and residual (shaped like y) may be NULL.  Returns 0, or -1 when out of memory. */
 int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const float *w,

@@ -3,6 +3,7 @@
 
 #include "kernels.h"
 #include "internal.h"
+#include "vmath.h"
 
 static float row_reduce(int kind, const float *x, size_t cols)
 {
@@ -26,6 +27,7 @@ void reduce_last_f32(int kind, const float *x, float *y, size_t rows, size_t col
         y[r] = row_reduce(kind, x + r * cols, cols);
 }
 
+VECTOR_CLONES
 void softmax_last_f32(const float *x, float *y, size_t rows, size_t cols)
 {
     #pragma omp parallel for num_threads(threads_for(rows * cols)) schedule(static)
@@ -33,12 +35,13 @@ void softmax_last_f32(const float *x, float *y, size_t rows, size_t cols)
         const float *xr = x + r * cols;
         float *yr = y + r * cols;
         float m = row_reduce(RED_MAX, xr, cols);
-        double s = 0.0;
-        for (size_t j = 0; j < cols; ++j) {
-            yr[j] = expf(xr[j] - m);
+        for (size_t j = 0; j < cols; ++j)
+            yr[j] = vm_exp(xr[j] - m);
+        float s = 0.0f;
+        #pragma omp simd reduction(+ : s)
+        for (size_t j = 0; j < cols; ++j)
             s += yr[j];
-        }
-        float inv = (float)(1.0 / s);
+        float inv = 1.0f / s;
         for (size_t j = 0; j < cols; ++j) yr[j] *= inv;
     }
 }

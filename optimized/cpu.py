@@ -61,6 +61,11 @@ def fast_gelu(x, bias=None):
     return kernels.gelu(x if bias is None else x + bias, "tanh")
 
 
+@float32_only
+def ms_gelu(x):
+    return kernels.gelu(x, "none")
+
+
 # GEMM and convolution ----------------------------------------------------------------------
 @float32_only
 def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation=None,
@@ -74,9 +79,14 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation=No
 
 @float32_only
 def matmul(a, b):
-    if a.ndim != 2 or b.ndim != 2:
+    return kernels.matmul(a, b)
+
+
+@float32_only
+def fused_matmul(a, b, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
+    if transBatchA or transBatchB:
         return NotImplemented
-    return kernels.gemm(a, b)
+    return kernels.matmul(a, b, alpha=alpha, trans_a=bool(transA), trans_b=bool(transB))
 
 
 def _conv(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1, pads=None,
@@ -149,6 +159,30 @@ def layer_normalization(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_typ
     return kernels.layer_norm(x, scale, bias, epsilon=epsilon)
 
 
+# attention ---------------------------------------------------------------------------------
+@float32_only
+def multi_head_attention(query, key=None, value=None, bias=None, key_padding_mask=None,
+                         attention_bias=None, past_key=None, past_value=None, *rest,
+                         num_heads=1, scale=0.0, unidirectional=0, ctx=None, **attrs):
+    """The unpacked, cache-free form that attention_fusion emits: [B, S, N*H] query, key and
+    value plus an additive attention_bias; the other forms run as the reference op."""
+    plain = (query.ndim == 3 and key is not None and key.ndim == 3 and value is not None
+             and value.ndim == 3 and bias is None and key_padding_mask is None
+             and past_key is None and past_value is None and not any(r is not None for r in rest)
+             and not unidirectional and (ctx is None or ctx.n_outputs == 1))
+    if not plain or query.shape[-1] % num_heads or value.shape[-1] % num_heads:
+        return NotImplemented
+    q, k, v = (_split_heads(t, num_heads) for t in (query, key, value))
+    y = kernels.attention(q, k, v, attention_bias, scale=scale or None)
+    b, n, s, h = y.shape
+    return y.transpose(0, 2, 1, 3).reshape(b, s, n * h)
+
+
+def _split_heads(x, heads):
+    b, s, hidden = x.shape
+    return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)
+
+
 KERNELS = {
     ("", "Add"): _binary("Add"),
     ("", "Sub"): _binary("Sub"),
@@ -160,9 +194,12 @@ KERNELS = {
     ("", "LeakyRelu"): _activation("LeakyRelu", "alpha"),
     ("", "Gelu"): gelu,
     (MS, "FastGelu"): fast_gelu,
+    (MS, "Gelu"): ms_gelu,
+    (MS, "MultiHeadAttention"): multi_head_attention,
     ("", "Gemm"): gemm,
     (MS, "FusedGemm"): gemm,
     ("", "MatMul"): matmul,
+    (MS, "FusedMatMul"): fused_matmul,
     ("", "Conv"): conv,
     (MS, "FusedConv"): fused_conv,
     ("", "MaxPool"): max_pool,

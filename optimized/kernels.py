@@ -286,6 +286,46 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: fl
     return out
 
 
+def matmul(a: np.ndarray, b: np.ndarray, *, alpha: float = 1.0, trans_a: bool = False,
+           trans_b: bool = False, out: np.ndarray | None = None) -> np.ndarray:
+    """alpha * op(a) @ op(b) with numpy's batch broadcasting, for inputs of rank 2 or more; op
+    swaps the last two axes when asked.  An operand whose batch axes broadcast only in part
+    (neither the whole batch nor a single matrix) is copied out to the whole batch first."""
+    a, b = _f32("A", a), _f32("B", b)
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"MatMul kernel takes inputs of rank >= 2, got {list(a.shape)} and "
+                         f"{list(b.shape)}")
+    m, k = a.shape[-1:-3:-1] if trans_a else a.shape[-2:]
+    kb, n = b.shape[-1:-3:-1] if trans_b else b.shape[-2:]
+    if k != kb:
+        raise ValueError(f"MatMul inner dimensions differ: {list(a.shape)} and {list(b.shape)}")
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError(f"MatMul batch axes of {list(a.shape)} and {list(b.shape)} do not "
+                         "broadcast") from None
+    out = _output(out, batch + (m, n), a, b)
+    count = math.prod(batch)
+    if b.ndim == 2 and not trans_a:  # one GEMM over every row of a
+        m, count = m * math.prod(a.shape[:-2]), 1
+    a, b = (_whole_batch(x, batch) for x in (a, b))
+    strides = [0 if x.ndim == 2 or math.prod(x.shape[:-2]) == 1 else x.shape[-1] * x.shape[-2]
+               for x in (a, b)]
+    for name, v in (("M", m), ("N", n), ("K", k), ("batch", count)):
+        _c_int(name, v)
+    lib.gemm_batched_f32(int(bool(trans_a)), int(bool(trans_b)), count, m, n, k, float(alpha),
+                         _ptr(a), strides[0], _ptr(b), strides[1], _ptr(out))
+    return out
+
+
+def _whole_batch(x: np.ndarray, batch: tuple) -> np.ndarray:
+    """x itself when its matrices step one by one over `batch` or it holds one matrix; else a
+    contiguous copy broadcast to the whole batch."""
+    if math.prod(x.shape[:-2]) == 1 or (1,) * (len(batch) - x.ndim + 2) + x.shape[:-2] == batch:
+        return x
+    return np.ascontiguousarray(np.broadcast_to(x, batch + x.shape[-2:]))
+
+
 def window_geometry(in_shape, kernel, strides, dilations, pads, auto_pad="NOTSET",
                     ceil_mode=False) -> tuple[list[int], list[int], list[int]]:
     """(pads_begin, pads_end, out_shape) of a sliding window, as the ONNX Conv/Pool specs define.

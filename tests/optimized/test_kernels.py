@@ -107,6 +107,59 @@ def test_gemm_split_across_threads_matches_reference(m, k, n, trans_a, trans_b, 
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
+# --- matmul (batched GEMM) -----------------------------------------------------------------
+
+def ref_fused_matmul(a, b, alpha, trans_a, trans_b):
+    graph = helper.make_graph(
+        [helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", alpha=alpha,
+                          transA=int(trans_a), transB=int(trans_b))], "t",
+        [helper.make_tensor_value_info("a", 1, a.shape), helper.make_tensor_value_info("b", 1, b.shape)],
+        [helper.make_empty_tensor_value_info("y")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    return ReferenceEvaluator(model, check=False).run(None, {"a": a, "b": b})[0]
+
+
+batch_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=3).map(tuple)
+
+
+@hsettings
+@given(batch=batch_shapes, share_a=st.booleans(), b_rank2=st.booleans(),
+       m=st.integers(1, 9), n=st.integers(1, 8), k=st.integers(0, 7),
+       trans_a=st.booleans(), trans_b=st.booleans(), alpha=st.sampled_from([1.0, 0.125, -2.0]),
+       seed=st.integers(0, 1000))
+def test_matmul_matches_reference(batch, share_a, b_rank2, m, n, k, trans_a, trans_b, alpha,
+                                  seed):
+    # b carries the batch or none; a carries it too, or broadcasts over every other axis
+    a_batch = tuple(1 if i % 2 else d for i, d in enumerate(batch)) if share_a else batch
+    b_batch = () if b_rank2 else batch
+    a = arrays(seed, *a_batch, *((k, m) if trans_a else (m, k)))
+    b = arrays(seed + 1, *b_batch, *((n, k) if trans_b else (k, n)))
+    expected = ref_fused_matmul(a, b, alpha, trans_a, trans_b)
+    got = kernels.matmul(a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+def test_matmul_hand_checked_batches():
+    a = np.arange(12, dtype=np.float32).reshape(3, 2, 2)   # three 2x2 matrices
+    b = np.array([[0, 1], [1, 0]], np.float32)              # swaps columns
+    np.testing.assert_array_equal(kernels.matmul(a, b), a[:, :, ::-1])
+    eye = np.stack([np.eye(2, dtype=np.float32), 2 * np.eye(2, dtype=np.float32)])[:, None]
+    got = kernels.matmul(eye, np.ones((3, 2, 2), np.float32))  # (2,1,2,2) x (3,2,2)
+    assert got.shape == (2, 3, 2, 2)
+    np.testing.assert_array_equal(got[1], np.full((3, 2, 2), 2, np.float32))
+
+
+def test_matmul_refuses_rank_1_and_mismatched_shapes():
+    with pytest.raises(ValueError, match="rank >= 2"):
+        kernels.matmul(arrays(0, 2), arrays(1, 2, 2))
+    with pytest.raises(ValueError, match="inner dimensions"):
+        kernels.matmul(arrays(0, 2, 3), arrays(1, 2, 3))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        kernels.matmul(arrays(0, 2, 2, 2), arrays(1, 3, 2, 2))
+
+
 def test_gemm_hand_checked_gemv_rows_and_columns():
     a = np.array([[1, 2, 3]], np.float32)            # M = 1: GEMV over B
     b = np.array([[1, 0], [0, 1], [1, 1]], np.float32)
