@@ -143,3 +143,50 @@ void binary_f32(int op, const float *a, const int64_t *a_strides, const float *b
         activate_inplace(yr, (size_t)len, act, alpha, beta);
     }
 }
+
+/* One side operand's values for elements [start, start + len) of the chain's output. */
+static const float *side_values(const float *side, int64_t period, int64_t inner,
+                                int64_t start, int64_t len, int64_t *step, float *gathered)
+{
+    if (period == 1) {
+        *step = 0;
+        return side;
+    }
+    *step = 1;
+    if (inner == 1 && period >= start + len)
+        return side + start;
+    for (int64_t i = 0; i < len; ++i)
+        gathered[i] = side[((start + i) / inner) % period];
+    return gathered;
+}
+
+enum { CHAIN_BLOCK = 1024 };
+
+void chain_f32(const float *x, float *y, int64_t n, int n_ops, const int32_t *ops,
+               const float *params, const float *const *sides, const int64_t *geometry)
+{
+    int64_t blocks = (n + CHAIN_BLOCK - 1) / CHAIN_BLOCK;
+    size_t work = (size_t)n * (size_t)(n_ops > 0 ? n_ops : 1);
+    #pragma omp parallel for num_threads(threads_for(work)) schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        int64_t start = blk * CHAIN_BLOCK, len = n - start < CHAIN_BLOCK ? n - start : CHAIN_BLOCK;
+        float gathered[CHAIN_BLOCK];
+        float *acc = y + start; /* the block is worked in place in y, still in cache */
+        if (acc != x + start)
+            for (int64_t i = 0; i < len; ++i) acc[i] = x[start + i];
+        for (int k = 0; k < n_ops; ++k) {
+            const int32_t *op = ops + 3 * k;
+            if (op[0] == CHAIN_ACTIVATION) {
+                activate_inplace(acc, (size_t)len, op[1], params[2 * k], params[2 * k + 1]);
+                continue;
+            }
+            int64_t step;
+            const float *side = side_values(sides[k], geometry[2 * k], geometry[2 * k + 1], start,
+                                            len, &step, gathered);
+            if (op[2]) /* the chain's value is the right operand: side op acc */
+                binary_row(op[1], side, step, acc, 1, acc, len);
+            else
+                binary_row(op[1], acc, 1, side, step, acc, len);
+        }
+    }
+}

@@ -43,6 +43,16 @@ void gemm_f32(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
               const float *b, float beta, const float *c, int64_t c_row_stride,
               int64_t c_col_stride, float *y, int act, float act_alpha, float act_beta);
 
+/* A chain of elementwise ops on one value, run block by block so that the value stays in
+ * cache: for op k (3 ints: kind, code, swapped), kind CHAIN_ACTIVATION applies activation
+ * `code` with params[2k], params[2k+1]; kind CHAIN_BINARY applies binary op `code` with
+ * sides[k] (acc op side, or side op acc when swapped).  Side k is indexed by output element i
+ * as sides[k][(i / inner) % period] with (period, inner) = geometry[2k], geometry[2k+1]: a
+ * full tensor is (n, 1), a scalar (1, 1), a channel vector (C, H*W).  y may alias x. */
+enum kernel_chain_kind { CHAIN_ACTIVATION = 0, CHAIN_BINARY = 1 };
+void chain_f32(const float *x, float *y, int64_t n, int n_ops, const int32_t *ops,
+               const float *params, const float *const *sides, const int64_t *geometry);
+
 /* y[i] (m x n) = alpha * op(a[i]) @ op(b[i]) for i < batch, with a[i] = a + i * a_batch_stride
  * and b[i] = b + i * b_batch_stride (stride 0 shares one operand across the batch); y is
  * contiguous (batch, m, n). */

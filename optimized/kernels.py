@@ -16,6 +16,7 @@ BLAS call, so BLAS never starts threads of its own: no oversubscription, no nest
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 
@@ -142,6 +143,7 @@ def _int64x4(values):
     return ffi.new("int64_t[4]", list(values))
 
 
+@functools.lru_cache(maxsize=256)
 def _activation(name, params) -> tuple[int, float, float]:
     """(C code, alpha, beta) for an activation name and its parameters."""
     if name is None:
@@ -173,7 +175,7 @@ def relu_f32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 def activation(x: np.ndarray, name: str, params=(), out: np.ndarray | None = None) -> np.ndarray:
     """One of ACTIVATIONS applied to every element; out may be x itself."""
-    code, alpha, beta = _activation(name, params)
+    code, alpha, beta = _activation(name, tuple(params))
     x = _f32("x", x)
     out = _output(out, x.shape, x, may_alias=(x,))
     lib.activation_f32(_ptr(x), _ptr(out), x.size, code, alpha, beta)
@@ -214,29 +216,44 @@ def binary(op: str, a: np.ndarray, b: np.ndarray, *, activation: str | None = No
     """
     if op not in BINARY_OPS:
         raise ValueError(f"unknown binary op {op!r}; expected one of {sorted(BINARY_OPS)}")
-    code, alpha, beta = _activation(activation, activation_params)
+    code, alpha, beta = _activation(activation, tuple(activation_params))
     a, b = _f32("a", a), _f32("b", b)
-    try:
-        shape = np.broadcast_shapes(a.shape, b.shape)
-    except ValueError:
-        raise ValueError(f"{op}: shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
+    shape, dims, sa, sb = _binary_geometry(op, a.shape, b.shape)
     aliasable = tuple(v for v in (a, b) if v.shape == shape)
     out = _output(out, shape, a, b, may_alias=aliasable)
-    if out.size == 0:
-        return out
-    a_strides = [s // 4 for s in np.broadcast_to(a, shape).strides]
-    b_strides = [s // 4 for s in np.broadcast_to(b, shape).strides]
-    y_strides = [s // 4 for s in np.empty(shape, np.float32).strides] if shape else []
-    dims, (sa, sb, _) = _collapsed_broadcast(shape, a_strides, b_strides, y_strides)
+    if out.size:
+        lib.binary_f32(BINARY_OPS[op], _ptr(a), sa, _ptr(b), sb, _ptr(out), dims, code, alpha,
+                       beta)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _binary_geometry(op: str, a_shape: tuple, b_shape: tuple):
+    """(result shape, and the C loop's 4 dims with each operand's element strides), worked out
+    once per pair of shapes: a run of a static-shape model sees the same pairs every time."""
+    try:
+        shape = np.broadcast_shapes(a_shape, b_shape)
+    except ValueError:
+        raise ValueError(f"{op}: shapes {list(a_shape)} and {list(b_shape)} do not broadcast") from None
+    strides = [_broadcast_strides(a_shape, shape), _broadcast_strides(b_shape, shape),
+               _broadcast_strides(shape, shape)]
+    dims, (sa, sb, _) = _collapsed_broadcast(shape, *strides)
     if len(dims) > 4:
         raise ValueError(
-            f"{op}: broadcasting {list(a.shape)} with {list(b.shape)} needs {len(dims)} loop axes; "
-            "the C kernel handles 4")
+            f"{op}: broadcasting {list(a_shape)} with {list(b_shape)} needs {len(dims)} loop "
+            "axes; the C kernel handles 4")
     pad = 4 - len(dims)
-    dims, sa, sb = [1] * pad + dims, [0] * pad + sa, [0] * pad + sb
-    lib.binary_f32(BINARY_OPS[op], _ptr(a), _int64x4(sa), _ptr(b), _int64x4(sb), _ptr(out),
-                   _int64x4(dims), code, alpha, beta)
-    return out
+    return shape, _int64x4([1] * pad + dims), _int64x4([0] * pad + sa), _int64x4([0] * pad + sb)
+
+
+def _broadcast_strides(shape: tuple, target: tuple) -> list[int]:
+    """Element strides of a C-contiguous `shape` walked over `target` (0 where broadcast)."""
+    strides, step = [0] * len(target), 1
+    for axis in range(1, len(shape) + 1):
+        size = shape[-axis]
+        strides[-axis] = step if size == target[-axis] and size != 1 else 0
+        step *= size
+    return strides
 
 
 def add(a, b, **kw):
@@ -262,7 +279,7 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: fl
          activation: str | None = None, activation_params=(),
          out: np.ndarray | None = None) -> np.ndarray:
     """act(alpha * A' @ B' + beta * C) as ONNX Gemm (C broadcast to (M, N)); M=1 or N=1 run GEMV."""
-    code, act_alpha, act_beta = _activation(activation, activation_params)
+    code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
     a, b = _f32("A", a), _f32("B", b)
     _rank("A", a, 2)
     _rank("B", b, 2)
@@ -393,7 +410,7 @@ def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, stri
 
     1x1 stride-1 unpadded convolutions are one GEMM per image and group; others im2col first.
     """
-    code, act_alpha, act_beta = _activation(activation, activation_params)
+    code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
     x, w = _f32("X", x), _f32("W", w)
     _rank("X", x, 4)
     _rank("W", w, 4)

@@ -5,17 +5,19 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from onnx import AttributeProto, ModelProto
+from onnx import AttributeProto, ModelProto, helper
 
 from reference.errors import NodeError
 from reference.evaluator import ReferenceEvaluator, Result, Scope, _GraphRunner
 from reference.functions import schema_for
 from reference.registry import OpContext, canonical_domain, lookup
 from reference.values import normalize
+
+from . import chains
 
 ABSENT = -1
 
@@ -51,7 +53,8 @@ class SlotScope(Scope):
 
 
 class Plan:
-    def __init__(self, model: ModelProto, kernels: dict, evaluator: ReferenceEvaluator | None = None):
+    def __init__(self, model: ModelProto, kernels: dict, evaluator: ReferenceEvaluator | None = None,
+                 fuse_chains: bool = False):
         self.evaluator = evaluator or ReferenceEvaluator(model, check=False)
         self.graph = model.graph
         self.opsets = self.evaluator.opsets
@@ -72,13 +75,17 @@ class Plan:
             slot(name)
         for info in self.graph.input:
             slot(info.name)
-        self.steps = [self._bind(node, kernels, slot) for node in self.graph.node]
+        steps = [self._bind(node, kernels, slot) for node in self.graph.node]
         self.output_slots = [slot(o.name) for o in self.graph.output]
         self.names = names
         self.template = [None] * len(names)
         for name, value in self.evaluator.initial_values().items():
             self.template[self.index[name]] = value
-        self._plan_releases()
+        # node by node, for check mode and iter_results, which need every intermediate value
+        self.unfused_steps = self._with_releases(steps)
+        self.steps = self.unfused_steps
+        if fuse_chains:
+            self.steps = self._with_releases(self._fuse_chains(steps))
 
     # binding --------------------------------------------------------------------------
     def _bind(self, node, kernels: dict, slot) -> Step:
@@ -129,24 +136,56 @@ class Plan:
             return run_op
         return None  # bound per run: needs the run's scope (subgraphs, function bodies)
 
-    def _plan_releases(self) -> None:
+    def _reads(self, step: Step) -> list[int]:
+        used = [s for s in step.inputs if s != ABSENT]
+        return used + [self.index[n] for n in outer_names(step.node) if n in self.index]
+
+    def _with_releases(self, steps: list[Step]) -> list[Step]:
+        """Copies of the steps, each releasing the slots whose last use it is."""
+        steps = [replace(step, release=[]) for step in steps]
         keep = set(self.output_slots)
         last_use: dict[int, int] = {}
-        for i, step in enumerate(self.steps):
-            used = [s for s in step.inputs if s != ABSENT]
-            used += [self.index[n] for n in outer_names(step.node) if n in self.index]
-            for s in used:
+        for i, step in enumerate(steps):
+            for s in self._reads(step):
                 last_use[s] = i
         for s, i in last_use.items():
             if s not in keep:
-                self.steps[i].release.append(s)
+                steps[i].release.append(s)
+        return steps
+
+    def _fuse_chains(self, steps: list[Step]) -> list[Step]:
+        """Each elementwise chain (optimized/chains.py) as one step, at its last member's place."""
+        encodings = [chains.chain_op(step.node, self._static_attributes(step.node) or {})
+                     if step.kernel == "fast" else None for step in steps]
+        readers: dict[int, int] = {}
+        for step in steps:
+            for s in self._reads(step):
+                readers[s] = readers.get(s, 0) + 1
+        found = chains.find_chains(steps, encodings, set(self.output_slots), readers)
+        fused_at = {id(links[-1].step): links for links in found}
+        members = {id(link.step) for links in found for link in links}
+        result = []
+        for step in steps:
+            if id(step) in fused_at:
+                result.append(self._chain_step(chains.FusedChain(fused_at[id(step)])))
+            elif id(step) not in members:
+                result.append(step)
+        return result
+
+    def _chain_step(self, chain) -> Step:
+        inputs, output = chain.inputs(), chain.links[-1].step.outputs
+        node = helper.make_node("ElementwiseChain", [self.names[s] for s in inputs],
+                                [self.names[s] for s in output], name=" > ".join(chain.names),
+                                domain="onnx_parity.plan")
+        return Step(node, chain, inputs, list(output), kernel="fast")
 
     # running --------------------------------------------------------------------------
     def run(self, feeds: dict, observer=None, profiler=None, checker=None) -> list:
         slots = list(self.template)
         for name, value in feeds.items():
             slots[self.index[name]] = normalize(value)
-        for step in self.steps:
+        steps = self.steps if observer is None and checker is None else self.unfused_steps
+        for step in steps:
             values = [slots[s] if s != ABSENT else None for s in step.inputs]
             start = time.perf_counter() if profiler is not None else 0.0
             try:
