@@ -103,14 +103,14 @@ def gelu_erf(g: GraphBuilder, x: str) -> str:
     return g.op("Mul", g.op("Mul", x, one_plus), g.f32(0.5))
 
 
-def split_heads(g: GraphBuilder, x: str, perm: list[int]) -> str:
-    """[1, S, 768] -> [1, S, 12, 64] -> transposed by perm."""
-    return g.op("Transpose", g.op("Reshape", x, g.i64([1, -1, HEADS, HEAD_DIM])), perm=perm)
+def split_heads(g: GraphBuilder, x: str, perm: list[int], batch: int = 1) -> str:
+    """[B, S, 768] -> [B, S, 12, 64] -> transposed by perm."""
+    return g.op("Transpose", g.op("Reshape", x, g.i64([batch, -1, HEADS, HEAD_DIM])), perm=perm)
 
 
-def merge_heads(g: GraphBuilder, x: str) -> str:
-    """[1, 12, S, 64] -> [1, S, 768]."""
-    return g.op("Reshape", g.op("Transpose", x, perm=[0, 2, 1, 3]), g.i64([1, -1, D_MODEL]))
+def merge_heads(g: GraphBuilder, x: str, batch: int = 1) -> str:
+    """[B, 12, S, 64] -> [B, S, 768]."""
+    return g.op("Reshape", g.op("Transpose", x, perm=[0, 2, 1, 3]), g.i64([batch, -1, D_MODEL]))
 
 
 def attend(g: GraphBuilder, q: str, k_transposed: str, v: str, mask: str) -> str:
@@ -129,30 +129,31 @@ def causal_mask(seq: int, past: int) -> np.ndarray:
     return np.where(allowed, 0.0, -1e4).astype(np.float32).reshape(1, 1, seq, total)
 
 
-def gpt2_layer(g: GraphBuilder, x: str, mask: str, past: tuple[str, str] | None, i: int):
+def gpt2_layer(g: GraphBuilder, x: str, mask: str, past: tuple[str, str] | None, i: int,
+               batch: int = 1):
     """Pre-LN decoder layer; returns (new hidden, present_key, present_value)."""
     qkv = linear(g, layer_norm(g, x, f"h{i}_ln_1"), D_MODEL, 3 * D_MODEL, f"h{i}_c_attn")
     q, k, v = g.op("Split", qkv, g.i64([D_MODEL] * 3), outputs=3, axis=2)
-    q = split_heads(g, q, [0, 2, 1, 3])
-    k = split_heads(g, k, [0, 2, 1, 3])
-    v = split_heads(g, v, [0, 2, 1, 3])
+    q = split_heads(g, q, [0, 2, 1, 3], batch)
+    k = split_heads(g, k, [0, 2, 1, 3], batch)
+    v = split_heads(g, v, [0, 2, 1, 3], batch)
     if past is not None:
         k = g.op("Concat", past[0], k, axis=2)
         v = g.op("Concat", past[1], v, axis=2)
     k_transposed = g.op("Transpose", k, perm=[0, 1, 3, 2])
-    context = merge_heads(g, attend(g, q, k_transposed, v, mask))
+    context = merge_heads(g, attend(g, q, k_transposed, v, mask), batch)
     x = g.op("Add", x, linear(g, context, D_MODEL, D_MODEL, f"h{i}_c_proj"))
     hidden = gelu_tanh(g, linear(g, layer_norm(g, x, f"h{i}_ln_2"), D_MODEL, FFN, f"h{i}_c_fc"))
     x = g.op("Add", x, linear(g, hidden, FFN, D_MODEL, f"h{i}_mlp_proj"))
     return x, k, v
 
 
-def gpt2_block(seq: int, past: int = 0, seed: int = 0) -> onnx.ModelProto:
+def gpt2_block(seq: int, past: int = 0, seed: int = 0, batch: int = 1) -> onnx.ModelProto:
     """A 2-layer GPT-2-small-like decoder over hidden states [1, seq, 768]; with past > 0 it
     takes past_key_i/past_value_i [1, 12, past, 64] and concatenates the new K/V to them.
     Outputs the final LayerNorm's result and present_key_i/present_value_i per layer."""
     g = GraphBuilder(seed)
-    inputs = [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, seq, D_MODEL])]
+    inputs = [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [batch, seq, D_MODEL])]
     outputs = []
     mask = g.const(causal_mask(seq, past), "causal_mask")
     x = "hidden_states"
@@ -160,19 +161,19 @@ def gpt2_block(seq: int, past: int = 0, seed: int = 0) -> onnx.ModelProto:
         cache = None
         if past:
             cache = (f"past_key_{i}", f"past_value_{i}")
-            inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, HEADS, past, HEAD_DIM])
+            inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [batch, HEADS, past, HEAD_DIM])
                        for n in cache]
-        x, present_k, present_v = gpt2_layer(g, x, mask, cache, i)
+        x, present_k, present_v = gpt2_layer(g, x, mask, cache, i, batch)
         for kind, value in (("key", present_k), ("value", present_v)):
             name = f"present_{kind}_{i}"
             g.nodes.append(helper.make_node("Identity", [value], [name], name=name))
             outputs.append(helper.make_tensor_value_info(
-                name, TensorProto.FLOAT, [1, HEADS, past + seq, HEAD_DIM]))
+                name, TensorProto.FLOAT, [batch, HEADS, past + seq, HEAD_DIM]))
     g.nodes.append(helper.make_node("Identity", [layer_norm(g, x, "ln_f")], ["last_hidden_state"],
                                     name="last_hidden_state"))
     outputs.insert(0, helper.make_tensor_value_info(
-        "last_hidden_state", TensorProto.FLOAT, [1, seq, D_MODEL]))
-    name = f"gpt2_seq{seq}" + (f"_past{past}" if past else "")
+        "last_hidden_state", TensorProto.FLOAT, [batch, seq, D_MODEL]))
+    name = f"gpt2_seq{seq}" + (f"_past{past}" if past else "") + (f"_batch{batch}" if batch != 1 else "")
     return make_model(g, name, inputs, outputs)
 
 
@@ -250,13 +251,13 @@ def light_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 # every benchmark model with its feeds ------------------------------------------------------------
 
-def gpt2_feeds(seq: int, past: int, seed: int = 10) -> dict[str, np.ndarray]:
+def gpt2_feeds(seq: int, past: int, seed: int = 10, batch: int = 1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    feeds = {"hidden_states": rng.standard_normal((1, seq, D_MODEL)).astype(np.float32)}
+    feeds = {"hidden_states": rng.standard_normal((batch, seq, D_MODEL)).astype(np.float32)}
     for i in range(GPT2_LAYERS if past else 0):
         for kind in ("key", "value"):
             feeds[f"past_{kind}_{i}"] = rng.standard_normal(
-                (1, HEADS, past, HEAD_DIM)).astype(np.float32)
+                (batch, HEADS, past, HEAD_DIM)).astype(np.float32)
     return feeds
 
 

@@ -44,7 +44,13 @@ class OptimizedBackend:
         self.level = level
         self.provider = provider
         self.check_nodes = check_nodes
-        self.name = "optimized"
+        self.name = "optimized" if provider == "cpu" else f"optimized-{provider}"
+        if provider == "cuda":
+            from optimized.cuda import gpu_unavailable_reason
+
+            reason = gpu_unavailable_reason()
+            if reason is not None:
+                raise ValueError(f"--provider cuda needs a usable GPU: {reason}")
 
     def prepare(self, model):
         import optimized

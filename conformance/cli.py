@@ -121,7 +121,9 @@ def cmd_test(args) -> int:
             make_backend(args.compare_with)
         pattern = re.compile(args.filter) if args.filter else None
     except (ValueError, re.error) as e:
-        console.print(f"[red]error:[/red] {e}")
+        from rich.markup import escape
+
+        console.print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_USAGE
     cache = Cache(args.cache_dir)
     pins = select_pins(load_pins(), args.opset)

@@ -20,9 +20,9 @@ from reference.evaluator import Result, load_model, validate
 from reference.types import check_feed
 from reference.values import EMPTY
 
-from .plan import Plan, Profiler
+from .plan import Profiler
 
-PROVIDERS = ["CPUExecutionProvider"]
+PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -97,20 +97,20 @@ class InferenceSession:
     def __init__(self, path_or_bytes, sess_options: SessionOptions | None = None,
                  providers=None, provider_options=None, **kwargs):
         self._options = sess_options or SessionOptions()
-        names = [p if isinstance(p, str) else p[0] for p in (providers or PROVIDERS)]
-        unknown = [p for p in names if p not in PROVIDERS]
-        if unknown:
-            raise ValueError(f"unavailable providers {unknown}; available: {PROVIDERS}")
+        from .providers import make_plan, select
+
+        self._providers, self._provider_options = select(providers, provider_options)
         original = load_model(path_or_bytes)
         validate(original)
         self._original = original
         self._model = self._rewrite(original)
         self._evaluator = ReferenceEvaluator(self._model, check=False)
-        from .cpu import KERNELS, set_num_threads
+        from .cpu import set_num_threads
 
         self._set_num_threads = set_num_threads
         set_num_threads(self._options.intra_op_num_threads)
-        self._plan = Plan(self._model, KERNELS, self._evaluator)
+        fuse = self._options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        self._plan = make_plan(self._model, self._evaluator, self._provider_options, fuse)
         self._inputs = [NodeArg(v) for v in self._evaluator.input_infos]
         self._outputs = [NodeArg(v) for v in self._model.graph.output]
         self._profiler = Profiler() if self._options.enable_profiling else None
@@ -168,10 +168,34 @@ class InferenceSession:
         return [NodeArg(v) for v in self._evaluator.overridable]
 
     def get_providers(self):
-        return list(PROVIDERS)
+        return list(self._providers)
 
     def get_provider_options(self):
-        return {p: {} for p in PROVIDERS}
+        from .providers import as_strings
+
+        return as_strings(self._provider_options)
+
+    def io_binding(self):
+        from .cuda.iobinding import IOBinding
+
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding, run_options=None) -> None:
+        """Run on the bound inputs; outputs bound to "cuda" stay on the device."""
+        names = [o.name for o in self._outputs]
+        wanted = iobinding.outputs(names)
+        for name, _ in wanted:
+            if name not in names:
+                raise ValueError(f"unknown output {name!r}; the model's outputs are {names}")
+        on_device = [n for n, where in wanted if where == "cuda"]
+        if on_device and "CUDAExecutionProvider" not in self._providers:
+            raise ValueError(f"outputs {on_device} are bound to cuda, but this session runs on "
+                             f"{self._providers}")
+        feeds = iobinding.feeds()
+        if not on_device and all(isinstance(v, np.ndarray) for v in feeds.values()):
+            self._check_feeds(feeds)
+        outputs = self._plan.run(feeds, device_outputs=on_device) if on_device else self._plan.run(feeds)
+        iobinding.set_results([outputs[names.index(n)] for n, _ in wanted])
 
     def get_session_options(self):
         return self._options

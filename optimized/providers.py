@@ -1,0 +1,89 @@
+"""Execution provider selection with onnxruntime's names and its fallback behaviour."""
+from __future__ import annotations
+
+import warnings
+
+from .cuda.device import PROVIDER as CUDA
+from .cuda.device import gpu_unavailable_reason
+
+CPU = "CPUExecutionProvider"
+KNOWN = [CUDA, CPU]
+# onnxruntime's CUDA options: the first two act here, the rest are accepted and have no effect
+CUDA_OPTIONS = {"device_id": 0, "enable_cuda_graph": False}
+CUDA_IGNORED = {"gpu_mem_limit", "arena_extend_strategy", "cudnn_conv_algo_search",
+                "do_copy_in_default_stream", "cudnn_conv_use_max_workspace", "tunable_op_enable",
+                "use_tf32", "prefer_nhwc"}
+
+
+def select(providers=None, provider_options=None) -> tuple[list[str], dict[str, dict]]:
+    """(providers really used, their options). CUDA without a usable GPU warns as onnxruntime
+    does and falls back to the CPU provider, which is always last."""
+    names, options = _split(providers or [CPU], provider_options)
+    unknown = [p for p in names if p not in KNOWN]
+    if unknown:
+        raise ValueError(f"unavailable providers {unknown}; available: {KNOWN}")
+    chosen: dict[str, dict] = {}
+    for name in names:
+        if name == CUDA:
+            cuda = _cuda_options(options.get(CUDA, {}))
+            reason = gpu_unavailable_reason(cuda["device_id"])
+            if reason is not None:
+                warnings.warn(f"Specified provider '{CUDA}' is not available: {reason}. "
+                              f"Falling back to '{CPU}'.", UserWarning, stacklevel=3)
+                continue
+            chosen[CUDA] = cuda
+        else:
+            chosen[name] = {}
+    chosen.setdefault(CPU, {})
+    return list(chosen), chosen
+
+
+def _split(providers, provider_options):
+    names, options = [], {}
+    if provider_options is not None and len(provider_options) != len(providers):
+        raise ValueError("provider_options must have one dict per provider")
+    for i, p in enumerate(providers):
+        name, opts = (p, {}) if isinstance(p, str) else (p[0], dict(p[1]))
+        if provider_options is not None:
+            opts.update(provider_options[i])
+        names.append(name)
+        options[name] = opts
+    return names, options
+
+
+def _cuda_options(given: dict) -> dict:
+    unknown = set(given) - set(CUDA_OPTIONS) - CUDA_IGNORED
+    if unknown:
+        raise ValueError(f"unknown {CUDA} options {sorted(unknown)}; known: "
+                         f"{sorted(set(CUDA_OPTIONS) | CUDA_IGNORED)}")
+    return {"device_id": int(given.get("device_id", 0)),
+            "enable_cuda_graph": _flag(given.get("enable_cuda_graph", False))}
+
+
+def _flag(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def as_strings(options: dict[str, dict]) -> dict[str, dict[str, str]]:
+    """get_provider_options(): values as strings, as onnxruntime returns them."""
+    return {p: {k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in o.items()}
+            for p, o in options.items()}
+
+
+def make_plan(model, evaluator, options: dict[str, dict], fuse_chains: bool = False):
+    """The plan for the chosen providers: the CPU plan (fusing elementwise chains when asked),
+    or the device plan (with CUDA graphs when enable_cuda_graph is set)."""
+    from .cpu import KERNELS
+    from .plan import Plan
+
+    if CUDA not in options:
+        return Plan(model, KERNELS, evaluator, fuse_chains=fuse_chains)
+    from .cuda.arrays import CupyDevice
+    from .cuda.graph_capture import GraphPlan
+    from .cuda.plan import DevicePlan
+
+    cuda = options[CUDA]
+    plan = DevicePlan(model, KERNELS, evaluator, CupyDevice(cuda["device_id"]))
+    return GraphPlan(plan) if cuda["enable_cuda_graph"] else plan
