@@ -143,7 +143,7 @@ static void output_step(float *y, int batch, int channels, size_t plane, const f
                      act, alpha, beta);
 }
 
-enum { COL_BLOCK_FLOATS = 64 * 1024, MIN_BLOCK_COLUMNS = 64 };
+enum { COL_BLOCK_FLOATS = 256 * 1024, MIN_BLOCK_COLUMNS = 64 };
 
 /* Output positions per im2col block: the block (depth x columns) stays within a few hundred
  * KiB, so it is still in cache when the GEMM reads it. */

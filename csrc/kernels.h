@@ -67,14 +67,16 @@ int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const fl
                int pad_left, int dil_h, int dil_w, const float *bias, const float *residual,
                float *y, int out_h, int out_w, int act, float act_alpha, float act_beta);
 
-/* Max over each window's cells inside the input (NaN propagates; -inf for an empty window). */
-void maxpool2d_f32(const float *x, int planes, int in_h, int in_w, float *y, int out_h,
+/* Max over each window's cells inside the input (NaN propagates; -inf for an empty window).
+ * Returns 0, or -1 when out of memory. */
+int maxpool2d_f32(const float *x, int planes, int in_h, int in_w, float *y, int out_h,
                    int out_w, int k_h, int k_w, int stride_h, int stride_w, int pad_top,
                    int pad_left, int dil_h, int dil_w);
 
 /* Mean over each window: the divisor counts the cells inside the input, or with
- * count_include_pad the cells inside the input plus its pads (never the ceil-mode overhang). */
-void avgpool2d_f32(const float *x, int planes, int in_h, int in_w, float *y, int out_h,
+ * count_include_pad the cells inside the input plus its pads (never the ceil-mode overhang).
+ * Returns 0, or -1 when out of memory. */
+int avgpool2d_f32(const float *x, int planes, int in_h, int in_w, float *y, int out_h,
                    int out_w, int k_h, int k_w, int stride_h, int stride_w, int pad_top,
                    int pad_left, int pad_bottom, int pad_right, int dil_h, int dil_w,
                    int count_include_pad);

@@ -480,8 +480,10 @@ def max_pool2d(x: np.ndarray, kernel_shape, *, strides=None, pads=None, dilation
     n, c, h, w = x.shape
     out = _output(out, (n, c, oh, ow), x)
     if out.size:
-        lib.maxpool2d_f32(_ptr(x), n * c, h, w, _ptr(out), oh, ow, *kernel, *strides, *begin,
-                          *dilations)
+        status = lib.maxpool2d_f32(_ptr(x), n * c, h, w, _ptr(out), oh, ow, *kernel, *strides,
+                                   *begin, *dilations)
+        if status != 0:
+            raise MemoryError("max_pool2d could not allocate its window tables")
     return out
 
 
@@ -494,8 +496,11 @@ def average_pool2d(x: np.ndarray, kernel_shape, *, strides=None, pads=None, dila
     n, c, h, w = x.shape
     out = _output(out, (n, c, oh, ow), x)
     if out.size:
-        lib.avgpool2d_f32(_ptr(x), n * c, h, w, _ptr(out), oh, ow, *kernel, *strides, begin[0],
-                          begin[1], end[0], end[1], *dilations, int(bool(count_include_pad)))
+        status = lib.avgpool2d_f32(_ptr(x), n * c, h, w, _ptr(out), oh, ow, *kernel, *strides,
+                                   begin[0], begin[1], end[0], end[1], *dilations,
+                                   int(bool(count_include_pad)))
+        if status != 0:
+            raise MemoryError("average_pool2d could not allocate its window tables")
     return out
 
 
