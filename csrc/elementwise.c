@@ -144,23 +144,33 @@ void binary_f32(int op, const float *a, const int64_t *a_strides, const float *b
     }
 }
 
-/* One side operand's values for elements [start, start + len) of the chain's output. */
-static const float *side_values(const float *side, int64_t period, int64_t inner,
-                                int64_t start, int64_t len, int64_t *step, float *gathered)
-{
-    if (period == 1) {
-        *step = 0;
-        return side;
-    }
-    *step = 1;
-    if (inner == 1 && period >= start + len)
-        return side + start;
-    for (int64_t i = 0; i < len; ++i)
-        gathered[i] = side[((start + i) / inner) % period];
-    return gathered;
-}
-
 enum { CHAIN_BLOCK = 1024 };
+
+/* acc[i] = acc[i] op side (or side op acc when swapped) for chain elements [start, start + len),
+ * walked in runs over which the side value is one scalar (inner > 1: a channel of H*W values)
+ * or a contiguous stretch of the side (inner == 1: a row vector, or the whole tensor). */
+static void chain_binary(int op, int swapped, float *acc, int64_t len, int64_t start,
+                         const float *side, int64_t period, int64_t inner)
+{
+    for (int64_t i = 0; i < len;) {
+        int64_t g = start + i, run, step;
+        const float *s;
+        if (period == 1) {
+            s = side, step = 0, run = len - i;
+        } else if (inner == 1) {
+            int64_t offset = g % period;
+            s = side + offset, step = 1, run = period - offset;
+        } else {
+            s = side + (g / inner) % period, step = 0, run = inner - g % inner;
+        }
+        if (run > len - i) run = len - i;
+        if (swapped)
+            binary_row(op, s, step, acc + i, 1, acc + i, run);
+        else
+            binary_row(op, acc + i, 1, s, step, acc + i, run);
+        i += run;
+    }
+}
 
 void chain_f32(const float *x, float *y, int64_t n, int n_ops, const int32_t *ops,
                const float *params, const float *const *sides, const int64_t *geometry)
@@ -170,7 +180,6 @@ void chain_f32(const float *x, float *y, int64_t n, int n_ops, const int32_t *op
     #pragma omp parallel for num_threads(threads_for(work)) schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         int64_t start = blk * CHAIN_BLOCK, len = n - start < CHAIN_BLOCK ? n - start : CHAIN_BLOCK;
-        float gathered[CHAIN_BLOCK];
         float *acc = y + start; /* the block is worked in place in y, still in cache */
         if (acc != x + start)
             for (int64_t i = 0; i < len; ++i) acc[i] = x[start + i];
@@ -180,13 +189,8 @@ void chain_f32(const float *x, float *y, int64_t n, int n_ops, const int32_t *op
                 activate_inplace(acc, (size_t)len, op[1], params[2 * k], params[2 * k + 1]);
                 continue;
             }
-            int64_t step;
-            const float *side = side_values(sides[k], geometry[2 * k], geometry[2 * k + 1], start,
-                                            len, &step, gathered);
-            if (op[2]) /* the chain's value is the right operand: side op acc */
-                binary_row(op[1], side, step, acc, 1, acc, len);
-            else
-                binary_row(op[1], acc, 1, side, step, acc, len);
+            chain_binary(op[1], op[2], acc, len, start, sides[k], geometry[2 * k],
+                         geometry[2 * k + 1]);
         }
     }
 }

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import onnx
 
 from .attention_fusion import fuse_attention
+from .batchnorm_to_affine import batchnorm_to_affine
 from .constant_folding import fold_constants
 from .conv_affine_folding import fold_conv_affine
 from .conv_bn_folding import fold_conv_batchnorm
@@ -41,6 +42,7 @@ PASSES: list[Pass] = [
     Pass("attention_fusion", 2, fuse_attention),
     Pass("conv_bn_folding", 2, fold_conv_batchnorm),
     Pass("conv_affine_folding", 2, fold_conv_affine),
+    Pass("batchnorm_to_affine", 2, batchnorm_to_affine),
     Pass("matmul_add_to_gemm", 2, matmul_add_to_gemm),
     Pass("fuse_bias_activation", 2, fuse_bias_activation),
     Pass("dead_code_after_fusion", 2, eliminate_dead_code),

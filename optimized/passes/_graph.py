@@ -292,3 +292,14 @@ def _shape_stand_ins(node) -> list:
         return [helper.make_node("Identity", [node.input[0]], [node.output[i]])
                 for i in same_as_first[node.op_type] if i < len(node.output) and node.output[i]]
     return [node]
+
+
+def is_inference_batchnorm(bn, uses, outputs, opset) -> bool:
+    """A BatchNormalization that only normalises with its running statistics (no training
+    outputs read), over the channel axis."""
+    if attr(bn, "training_mode", 0) or (opset < 7 and attr(bn, "is_test", 0) == 0):
+        return False
+    if attr(bn, "spatial", 1) == 0:
+        return False
+    # running statistics and saved mean/var are training outputs
+    return not any(o and (o in outputs or o in uses) for o in bn.output[1:])

@@ -13,6 +13,7 @@ from ._graph import (
     consumers,
     copy_model,
     graph_output_names,
+    is_inference_batchnorm,
     only_reader,
     opset_version,
     set_nodes,
@@ -31,7 +32,7 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
         if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
             continue
         bn = only_reader(uses, outputs, conv.output[0])
-        if bn is None or bn.op_type != "BatchNormalization" or not _is_inference(bn, uses,
+        if bn is None or bn.op_type != "BatchNormalization" or not is_inference_batchnorm(bn, uses,
                                                                                   outputs, opset):
             continue
         folded = _folded_weights(conv, bn, constants)
@@ -45,15 +46,6 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
         nodes = splice(nodes, [conv, bn], [fused])
     set_nodes(graph, nodes)
     return model
-
-
-def _is_inference(bn, uses, outputs, opset) -> bool:
-    if attr(bn, "training_mode", 0) or (opset < 7 and attr(bn, "is_test", 0) == 0):
-        return False
-    if attr(bn, "spatial", 1) == 0:
-        return False
-    # running statistics and saved mean/var are training outputs
-    return not any(o and (o in outputs or o in uses) for o in bn.output[1:])
 
 
 def _folded_weights(conv, bn, constants):
