@@ -191,6 +191,64 @@ static int conv_im2col(const float *x, const struct conv_geometry *g, int batch,
     return 0;
 }
 
+/* Stride-1 convolution as one GEMM per kernel tap, with no im2col: on a zero-padded copy of
+ * the input, rows Wp = in_w + pads wide, tap (ky, kx) of every output position reads the
+ * padded plane at a fixed offset, so out[oc, oy * Wp + ox] += W_tap[oc, :] . xpad[:, offset +
+ * oy * Wp + ox] is a plain GEMM over a "wide" output that has Wp - out_w junk columns per row,
+ * dropped in the output step.  Each tap's GEMM has depth in_c (not in_c * taps) but reads
+ * nothing twice in memory. */
+static int conv_shifted(const float *x, const struct conv_geometry *g, int batch, int group,
+                        const float *w, int out_c, int pad_bottom, int pad_right,
+                        const float *bias, const float *residual, float *y, int act,
+                        float alpha, float beta)
+{
+    int cin = g->channels, out_per_group = out_c / group, taps = g->k_h * g->k_w;
+    int wp = g->in_w + g->pad_left + pad_right, hp = g->in_h + g->pad_top + pad_bottom;
+    size_t padded_plane = (size_t)hp * wp, tail = (size_t)(g->k_w - 1) * g->dil_w;
+    size_t wide_plane = (size_t)g->out_h * wp, plane = (size_t)g->out_h * g->out_w;
+    float *xpad = calloc((size_t)cin * padded_plane + tail, sizeof(float));
+    float *packed = malloc(sizeof(float) * (size_t)taps * out_per_group * cin);
+    float *wide = malloc(sizeof(float) * (size_t)out_per_group * wide_plane);
+    if (xpad == NULL || packed == NULL || wide == NULL) {
+        free(xpad), free(packed), free(wide);
+        return -1;
+    }
+    for (int b = 0; b < batch; ++b) {
+        for (int gi = 0; gi < group; ++gi) {
+            const float *xg = x + ((size_t)b * group + gi) * cin * g->in_h * g->in_w;
+            const float *wg = w + (size_t)gi * out_per_group * cin * taps;
+            for (int c = 0; c < cin; ++c)
+                for (int iy = 0; iy < g->in_h; ++iy)
+                    memcpy(xpad + c * padded_plane + (size_t)(iy + g->pad_top) * wp + g->pad_left,
+                           xg + ((size_t)c * g->in_h + iy) * g->in_w, sizeof(float) * g->in_w);
+            for (int t = 0; t < taps; ++t)
+                for (int oc = 0; oc < out_per_group; ++oc)
+                    for (int c = 0; c < cin; ++c)
+                        packed[((size_t)t * out_per_group + oc) * cin + c] =
+                            wg[((size_t)oc * cin + c) * taps + t];
+            for (int t = 0; t < taps; ++t) {
+                size_t offset = (size_t)(t / g->k_w) * g->dil_h * wp + (size_t)(t % g->k_w) * g->dil_w;
+                gemm_parallel(0, 0, out_per_group, (int)wide_plane, cin, 1.0f,
+                              packed + (size_t)t * out_per_group * cin, cin, xpad + offset,
+                              (int)padded_plane, t == 0 ? 0.0f : 1.0f, wide, (int)wide_plane);
+            }
+            size_t y_offset = ((size_t)b * out_c + (size_t)gi * out_per_group) * plane;
+            #pragma omp parallel for num_threads(threads_for((size_t)out_per_group * plane)) schedule(static)
+            for (int oc = 0; oc < out_per_group; ++oc) {
+                float *yc = y + y_offset + (size_t)oc * plane;
+                for (int oy = 0; oy < g->out_h; ++oy)
+                    memcpy(yc + (size_t)oy * g->out_w, wide + (size_t)oc * wide_plane + (size_t)oy * wp,
+                           sizeof(float) * g->out_w);
+                output_block(yc, bias != NULL ? bias + gi * out_per_group + oc : NULL,
+                             residual != NULL ? residual + y_offset + (size_t)oc * plane : NULL,
+                             1, plane, 0, plane, act, alpha, beta);
+            }
+        }
+    }
+    free(xpad), free(packed), free(wide);
+    return 0;
+}
+
 int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const float *w,
                int out_c, int k_h, int k_w, int group, int stride_h, int stride_w, int pad_top,
                int pad_left, int dil_h, int dil_w, const float *bias, const float *residual,
@@ -218,6 +276,13 @@ int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const fl
                               y + ((size_t)b * out_c + (size_t)gi * out_per_group) * plane,
                               (int)plane);
     } else {
+        int pad_bottom = out_h + (k_h - 1) * dil_h - in_h - pad_top;
+        int pad_right = out_w + (k_w - 1) * dil_w - in_w - pad_left;
+        /* re-laying out big weights on every call costs more than im2col saves on small planes */
+        int small_weights = (size_t)out_per_group * g.channels <= 128 * 128 || plane >= 784;
+        if (stride_h == 1 && stride_w == 1 && pad_bottom >= 0 && pad_right >= 0 && small_weights)
+            return conv_shifted(x, &g, batch, group, w, out_c, pad_bottom, pad_right, bias,
+                                residual, y, act, act_alpha, act_beta);
         return conv_im2col(x, &g, batch, group, w, out_c, bias, residual, y, act, act_alpha,
                            act_beta);
     }

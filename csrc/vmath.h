@@ -1,7 +1,7 @@
 /* Vectorisable float32 exp, tanh, sigmoid and Gelu: plain arithmetic and selects, so that a
  * loop over them becomes SIMD code, where libm's expf/tanhf/erff are a scalar call per element.
- * Accuracy: exp within 2 ulp for normal results (below 3e-38 it flushes to 0, above
- * FLT_MAX it gives inf); tanh, sigmoid and Gelu within a few 1e-7; NaN propagates. */
+ * Accuracy: exp within 2 ulp, subnormal results included (0 below the smallest subnormal,
+ * inf above FLT_MAX); tanh, sigmoid and Gelu within a few 1e-7; NaN propagates. */
 #ifndef KERNELS_VMATH_H
 #define KERNELS_VMATH_H
 #include <math.h>
@@ -11,13 +11,17 @@
 static inline float vm_exp(float x)
 {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693145751953125f,
-                ln2_lo = 1.428606765330187e-06f, lo = -86.5f, hi = 88.72283f;
-    float c = x > hi ? hi : x;
+                ln2_lo = 1.428606765330187e-06f, lo = -86.5f, hi = 88.72283f,
+                zero_below = -103.972084f, ln2_times_64 = 44.361419555836500f;
+    /* results below FLT_MIN (subnormal): computed 2^64 larger, then scaled down */
+    int tiny = x < lo;
+    float c = tiny ? x + ln2_times_64 : x;
+    c = c > hi ? hi : c;
     c = c < lo ? lo : c;
     /* round to nearest by the 1.5 * 2^23 trick: vectorises on any x86-64, where floorf needs
      * SSE4.1 */
     const float round_magic = 12582912.0f;
-    float n = (c * log2e + round_magic) - round_magic; /* in [-126, 128] */
+    float n = (c * log2e + round_magic) - round_magic; /* in [-125, 128] */
     float r = (c - n * ln2_hi) - n * ln2_lo; /* |r| <= ln2 / 2 */
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
@@ -31,8 +35,9 @@ static inline float vm_exp(float x)
     float half_scale;
     memcpy(&half_scale, &bits, sizeof half_scale);
     float y = p * half_scale * 2.0f;
+    y = tiny ? y * 5.42101086242752217e-20f : y; /* 2^-64 */
     y = x > hi ? INFINITY : y;
-    y = x < lo ? 0.0f : y;
+    y = x < zero_below ? 0.0f : y;
     return x != x ? x : y;
 }
 

@@ -10,6 +10,7 @@ float32) runs its nodes one by one.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from dataclasses import dataclass
 
@@ -50,8 +51,8 @@ class Link:
 
 def find_chains(steps, encodings: list, keep: set[int], readers: dict[int, int]) -> list[list[Link]]:
     """Chains of two or more steps: each member's output is read only by the next member (once),
-    and is not a graph output.  encodings[i] is chain_op's result for steps[i] (or None)."""
-    producer_of = {s: i for i, step in enumerate(steps) for s in step.outputs if s >= 0}
+    and is not a graph output; no step joins two chains.  encodings[i] is chain_op's result for
+    steps[i] (or None)."""
     consumer_of: dict[int, int] = {}
     for i, step in enumerate(steps):
         for s in step.inputs:
@@ -61,20 +62,21 @@ def find_chains(steps, encodings: list, keep: set[int], readers: dict[int, int])
     for i, step in enumerate(steps):
         if i in taken or encodings[i] is None or len(step.outputs) != 1:
             continue
-        if any(producer_of.get(s) in taken for s in step.inputs):
-            continue
-        links = [Link(step, encodings[i], 0)]
-        out, j = step.outputs[0], i
-        while out not in keep and readers.get(out, 0) == 1 and consumer_of.get(out, -1) > j:
+        members = [i]
+        out = step.outputs[0]
+        while out not in keep and readers.get(out, 0) == 1 and consumer_of.get(out, -1) > members[-1]:
             j = consumer_of[out]
             nxt = steps[j]
-            if encodings[j] is None or len(nxt.outputs) != 1 or nxt.inputs.count(out) != 1:
+            if j in taken or encodings[j] is None or len(nxt.outputs) != 1 or nxt.inputs.count(out) != 1:
                 break
-            links.append(Link(nxt, encodings[j], nxt.inputs.index(out)))
+            members.append(j)
             out = nxt.outputs[0]
-        if len(links) > 1:
+        if len(members) > 1:
+            links = [Link(step, encodings[i], 0)]
+            links += [Link(steps[j], encodings[j], steps[j].inputs.index(steps[prev].outputs[0]))
+                      for prev, j in itertools.pairwise(members)]
             chains.append(links)
-            taken |= {steps.index(link.step) for link in links}
+            taken |= set(members)
     return chains
 
 

@@ -28,6 +28,8 @@ def batchnorm_to_affine(model: onnx.ModelProto) -> onnx.ModelProto:
     constants, shapes = Constants(graph), None
     uses, outputs = consumers(graph), graph_output_names(graph)
     opset = opset_version(model)
+    if opset < 7:  # Mul and Add broadcast numpy's way only from opset 7
+        return model
     nodes = list(graph.node)
     for bn in list(nodes):
         if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):

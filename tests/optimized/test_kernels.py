@@ -228,6 +228,23 @@ def test_conv2d_matches_reference(case):
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("cin, cout, hw, kernel, pads, dilations, group", [
+    (3, 4, (6, 7), (3, 3), [1, 1, 1, 1], [1, 1], 1),    # one GEMM per tap on a padded copy
+    (4, 6, (5, 9), (2, 3), [0, 2, 1, 0], [2, 1], 2),    # asymmetric pads, dilation, groups
+    (2, 3, (4, 4), (3, 3), [0, 0, 0, 0], [1, 1], 1),    # no padding at all
+    (136, 136, (5, 6), (3, 3), [1, 1, 1, 1], [1, 1], 1),  # big weights on a small plane: im2col
+])
+def test_conv2d_stride_1_paths(cin, cout, hw, kernel, pads, dilations, group):
+    x = arrays(1, 2, cin, *hw)
+    w = arrays(2, cout, cin // group, *kernel, scale=0.1)
+    b, residual = arrays(3, cout), None
+    expected = ref("Conv", x, w, b, pads=pads, dilations=dilations, group=group)
+    residual = arrays(4, *expected.shape)
+    got = kernels.conv2d(x, w, b, pads=pads, dilations=dilations, group=group, residual=residual,
+                         activation="Relu")
+    np.testing.assert_allclose(got, np.maximum(expected + residual, 0), rtol=RTOL, atol=1e-4)
+
+
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
 def test_conv2d_auto_pad(auto_pad):
     x, w = arrays(1, 1, 3, 7, 6), arrays(2, 4, 3, 2, 3)
