@@ -145,3 +145,23 @@ def test_large_chain_splits_across_threads(threads):
                                    rtol=1e-5, atol=1e-6)
     finally:
         kernels.set_num_threads(before)
+
+
+def test_two_chains_meeting_at_one_node_keep_every_node():
+    # (x - 1) / (sqrt(x*x) + 0.5): both operands of the Div end a possible chain; the Div can
+    # join only one of them, and no node may be lost (MeanVarianceNormalization's expansion)
+    c = {n: numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("one", 1.0),
+                                                                            ("half", 0.5))}
+    nodes = [helper.make_node("Sub", ["x", "one"], ["centered"]),
+             helper.make_node("Mul", ["x", "x"], ["square"]),
+             helper.make_node("Sqrt", ["square"], ["root"]),
+             helper.make_node("Add", ["root", "half"], ["denominator"]),
+             helper.make_node("Div", ["centered", "denominator"], ["y"])]
+    graph = helper.make_graph(nodes, "meet", [helper.make_tensor_value_info("x", F, ["n"])],
+                              [helper.make_tensor_value_info("y", F, ["n"])], list(c.values()))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    plan = Plan(model, KERNELS, fuse_chains=True)
+    fused = [s for s in plan.steps if s.node.op_type == "ElementwiseChain"]
+    assert len(fused) == 1
+    x = np.array([-2.0, 0.0, 1.0, 3.0], np.float32)
+    np.testing.assert_allclose(plan.run({"x": x})[0], (x - 1) / (np.abs(x) + 0.5), rtol=1e-6)
