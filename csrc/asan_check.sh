@@ -1,6 +1,9 @@
 #!/bin/sh
-# Build the kernels with AddressSanitizer in a scratch copy of the tree and run their tests
-# there (the installed extension is left alone).  Usage: sh csrc/asan_check.sh [pytest args]
+# Build the kernels with AddressSanitizer in a scratch copy of the tree and run a command there
+# (the installed extension is left alone).  With no command: the kernel tests.
+#   sh csrc/asan_check.sh                      # tests/optimized/test_kernels.py
+#   sh csrc/asan_check.sh python -m conformance.cli test --backend optimized --level 99 --opset all
+# Run as `python -m ...` so that the scratch copy's packages come first on sys.path.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${ASAN_WORKDIR:-$(mktemp -d /tmp/onnx-parity-asan.XXXXXX)}
@@ -9,6 +12,11 @@ mkdir -p "$WORK"
     | (cd "$WORK" && tar xf -)
 cd "$WORK"
 ONNX_PARITY_SANITIZE=address python csrc/build.py > build.log 2>&1 || { cat build.log; exit 1; }
+if [ $# -eq 0 ]; then
+    set -- python -m pytest tests/optimized/test_kernels.py -p no:cacheprovider -q
+fi
 # Python's own allocations are never freed at exit: leak reports would be noise
-LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
-    python -m pytest tests/optimized/test_kernels.py -p no:cacheprovider -q "$@"
+export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+python -c "import optimized._kernels as k, sys; assert k.__file__.startswith('$WORK'), k.__file__; print('ASan build:', k.__file__, file=sys.stderr)"
+exec "$@"

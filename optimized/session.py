@@ -225,9 +225,18 @@ class InferenceSession:
             if info.name not in feeds:
                 raise ValueError(f"missing input {info.name!r}")
         for name, value in feeds.items():
-            if not isinstance(value, (np.ndarray, np.generic, list, dict)) and value not in (None, EMPTY):
+            if hasattr(value, "__cuda_array_interface__"):
+                value = self._device_feed_stand_in(name, value)
+            elif not isinstance(value, (np.ndarray, np.generic, list, dict)) and value not in (None, EMPTY):
                 raise TypeError(f"input {name!r}: expected a numpy array, got {type(value).__name__}")
             check_feed(known[name], np.asarray(value) if isinstance(value, np.generic) else value)
+
+    def _device_feed_stand_in(self, name: str, value) -> np.ndarray:
+        """A device array (CuPy) is checked by its dtype and shape, without a copy to the host."""
+        if "CUDAExecutionProvider" not in self._providers:
+            raise TypeError(f"input {name!r} is a device array ({type(value).__name__}), but this "
+                            f"session runs on {self._providers}; pass a numpy array")
+        return np.broadcast_to(np.zeros((), dtype=np.dtype(value.dtype)), tuple(value.shape))
 
     def _check_node(self, step, values, outputs) -> None:
         from conformance.compare import Mismatch, compare_outputs

@@ -156,3 +156,14 @@ def test_intra_op_threads_govern_numpys_blas_and_the_kernels():
         assert all(i["num_threads"] == n for i in numpy_blas)
         ours = [i for i in threadpoolctl.threadpool_info() if "scipy_openblas32" in i["filepath"]]
         assert all(i["num_threads"] == 1 for i in ours)  # the kernels split GEMMs with OpenMP
+
+
+class _DeviceArray:
+    """Stands in for a CuPy array: the CUDA array interface, a dtype and a shape."""
+    __cuda_array_interface__ = {"shape": (2, 8), "typestr": "<f4", "data": (0, False), "version": 3}
+    dtype, shape = np.dtype(np.float32), (2, 8)
+
+
+def test_device_array_feed_on_the_cpu_provider_is_refused_by_name():
+    with pytest.raises(TypeError, match="input 'x' is a device array"):
+        _session().run(None, {"x": _DeviceArray()})

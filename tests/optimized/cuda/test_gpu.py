@@ -45,6 +45,19 @@ def test_cuda_graph_replay_matches_step_by_step(name):
     assert len(first) == len(m.graph.output)
 
 
+def test_run_takes_cupy_feeds_and_checks_them_without_a_copy():
+    import cupy
+
+    m, feeds = _build("chain100")
+    sess = ort.InferenceSession(m.SerializeToString(), providers=[CUDA])
+    y = sess.run(None, {"x": cupy.asarray(feeds["x"])})[0]
+    np.testing.assert_allclose(y, sess.run(None, feeds)[0], rtol=1e-6)
+    from reference.errors import InvalidFeedError
+
+    with pytest.raises(InvalidFeedError, match="'x'"):
+        sess.run(None, {"x": cupy.zeros((3, 3), cupy.float32)})
+
+
 def test_iobinding_with_device_arrays():
     import cupy
 
