@@ -289,7 +289,8 @@ def build(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     raise ValueError(f"unknown benchmark model {name!r}; known: {NAMES}")
 
 
-NAMES = ["gpt2_seq128", "gpt2_seq1", "bert_layer", "chain100"] + [
+CHAIN = "chain100"
+NAMES = ["gpt2_seq128", "gpt2_seq1", "bert_layer", CHAIN] + [
     f"light_{m}" for m in LIGHT_MODELS]
 
 

@@ -93,6 +93,19 @@ def test_optimized(benchmark, model_name, threads):
     benchmark.pedantic(session.run, args=(None, feeds), **rounds_for(model_name))
 
 
+def test_optimized_node_by_node_chain(benchmark, threads):
+    """chain100 at level 1: no fusion, so one kernel call per node, for the per-node overhead
+    that level 99's chain fusion hides."""
+    describe(benchmark, models.CHAIN, threads, "optimized-level1")
+    model, feeds, expected = load(models.CHAIN)
+    options = optimized.SessionOptions()
+    options.graph_optimization_level = optimized.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.intra_op_num_threads = threads
+    session = optimized.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    check_close(models.CHAIN, "optimized-level1", expected, session.run(None, feeds))
+    benchmark.pedantic(session.run, args=(None, feeds), **rounds_for(models.CHAIN))
+
+
 def test_onnxruntime(benchmark, model_name, threads):
     ort = pytest.importorskip("onnxruntime")
     describe(benchmark, model_name, threads, "onnxruntime")
