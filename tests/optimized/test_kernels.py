@@ -459,6 +459,19 @@ def test_softmax_hand_checked_and_stable():
     np.testing.assert_allclose(y, [[0.25, 0.75], [0.5, 0.5]], rtol=1e-6)
 
 
+def test_exp_keeps_subnormal_results_and_edge_values():
+    # softmax([0, v]) = e^v / (1 + e^v): e^-90 = 8.194e-40 is subnormal in float32
+    v = np.array([-80.0, -90.0, -100.0, -103.9, -104.0, -np.inf, 88.0, np.nan], np.float32)
+    x = np.stack([np.zeros_like(v), v], axis=1)
+    got = kernels.softmax(x)[:, 1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = np.exp(v.astype(np.float64)) / (1 + np.exp(v.astype(np.float64)))
+    np.testing.assert_allclose(got[:4], expected[:4].astype(np.float32), rtol=1e-6)
+    assert got[4] == 0.0 and got[5] == 0.0  # below the smallest subnormal; e^-inf
+    np.testing.assert_allclose(got[6], 1.0, rtol=1e-6)
+    assert np.isnan(got[7])
+
+
 @hsettings
 @given(rows=st.integers(1, 9), cols=st.integers(1, 200), with_bias=st.booleans(),
        epsilon=st.sampled_from([1e-5, 1e-2]), seed=st.integers(0, 100))
