@@ -86,6 +86,79 @@ static void depthwise_plane(const float *xc, const float *wc, float *yc,
     }
 }
 
+/* A 3x3 depthwise plane from a zero-padded copy of its input (rows pw wide): every output
+ * takes its 9 taps in one pass, so the loop over x carries 9 multiply-adds per element. */
+/* One output row of a 3x3 depthwise tap set, stride 1 and no dilation.  restrict parameters
+ * (GCC ignores restrict on block-scope pointers): otherwise it versions the loop on a
+ * run-time alias check and runs the scalar copy. */
+static inline void depthwise3x3_row(float *restrict y, const float *restrict r0,
+                                    const float *restrict r1, const float *restrict r2,
+                                    const float *restrict w, int n)
+{
+    const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6],
+                w7 = w[7], w8 = w[8];
+    for (int ox = 0; ox < n; ++ox)
+        y[ox] = w0 * r0[ox] + w1 * r0[ox + 1] + w2 * r0[ox + 2]
+              + w3 * r1[ox] + w4 * r1[ox + 1] + w5 * r1[ox + 2]
+              + w6 * r2[ox] + w7 * r2[ox + 1] + w8 * r2[ox + 2];
+}
+
+/* A 3x3 depthwise plane from a zero-padded copy of its input (rows pw wide): every output
+ * takes its 9 taps in one pass, so the loop over x carries 9 multiply-adds per element. */
+VECTOR_CLONES
+static void depthwise3x3_plane(const float *padded, int pw, const float *wc, float *yc,
+                               const struct conv_geometry *g)
+{
+    int s = g->stride_w, dx = g->dil_w, dy = g->dil_h;
+    for (int oy = 0; oy < g->out_h; ++oy) {
+        const float *r0 = padded + (size_t)oy * g->stride_h * pw;
+        const float *r1 = r0 + (size_t)dy * pw, *r2 = r1 + (size_t)dy * pw;
+        float *yrow = yc + (size_t)oy * g->out_w;
+        if (s == 1 && dx == 1) {
+            depthwise3x3_row(yrow, r0, r1, r2, wc, g->out_w);
+            continue;
+        }
+        for (int ox = 0; ox < g->out_w; ++ox) {
+            int ix = ox * s;
+            yrow[ox] = wc[0] * r0[ix] + wc[1] * r0[ix + dx] + wc[2] * r0[ix + 2 * dx]
+                     + wc[3] * r1[ix] + wc[4] * r1[ix + dx] + wc[5] * r1[ix + 2 * dx]
+                     + wc[6] * r2[ix] + wc[7] * r2[ix + dx] + wc[8] * r2[ix + 2 * dx];
+        }
+    }
+}
+
+/* 3x3 depthwise over all planes, each through a per-thread zero-padded copy of its input. */
+static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int batch, int group,
+                             const float *w, int out_c, float *y)
+{
+    int per_channel = out_c / group;
+    /* the padded plane holds every row and column a tap reads, the far pads included */
+    int ph = (g->out_h - 1) * g->stride_h + 2 * g->dil_h + 1;
+    int pw = (g->out_w - 1) * g->stride_w + 2 * g->dil_w + 1;
+    if (ph < g->in_h + g->pad_top) ph = g->in_h + g->pad_top;
+    if (pw < g->in_w + g->pad_left) pw = g->in_w + g->pad_left;
+    size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
+    size_t padded_plane = (size_t)ph * pw;
+    int64_t planes = (int64_t)batch * out_c;
+    int threads = threads_for((size_t)planes * plane * 9);
+    float *scratch = calloc(padded_plane * threads, sizeof(float));
+    if (scratch == NULL)
+        return -1;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < planes; ++p) {
+        int64_t b = p / out_c, oc = p % out_c;
+        const float *xc = x + ((size_t)b * group + (size_t)(oc / per_channel)) * in_plane;
+        float *padded = scratch + padded_plane * omp_get_thread_num();
+        /* the border stays zero from calloc: only the interior is ever written */
+        for (int iy = 0; iy < g->in_h; ++iy)
+            memcpy(padded + (size_t)(iy + g->pad_top) * pw + g->pad_left,
+                   xc + (size_t)iy * g->in_w, sizeof(float) * g->in_w);
+        depthwise3x3_plane(padded, pw, w + (size_t)oc * 9, y + (size_t)p * plane, g);
+    }
+    free(scratch);
+    return 0;
+}
+
 /* One input channel per group (depthwise, out_c / group outputs per channel): a direct loop
  * per output plane, parallel over planes; im2col would feed BLAS one tiny GEMV per channel. */
 static int conv_depthwise(const float *x, const struct conv_geometry *g, int batch, int group,
@@ -261,7 +334,10 @@ int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const fl
     size_t plane = (size_t)out_h * out_w, in_plane = (size_t)in_h * in_w;
     if (plane == 0 || out_c == 0 || batch == 0)
         return 0;
-    if (g.channels == 1 && group > 1) {
+    if (g.channels == 1 && group > 1 && k_h == 3 && k_w == 3) {
+        if (conv_depthwise3x3(x, &g, batch, group, w, out_c, y) != 0)
+            return -1;
+    } else if (g.channels == 1 && group > 1) {
         if (conv_depthwise(x, &g, batch, group, w, out_c, y) != 0)
             return -1;
     } else if (depth == 0) {
