@@ -245,6 +245,22 @@ def test_conv2d_stride_1_paths(cin, cout, hw, kernel, pads, dilations, group):
     np.testing.assert_allclose(got, np.maximum(expected + residual, 0), rtol=RTOL, atol=1e-4)
 
 
+@pytest.mark.parametrize("hw, strides, pads, dilations, multiplier", [
+    ((7, 9), [1, 1], [1, 1, 1, 1], [1, 1], 1),   # the vectorised row kernel
+    ((8, 7), [2, 2], [1, 1, 1, 1], [1, 1], 1),
+    ((9, 9), [1, 2], [0, 2, 1, 0], [2, 1], 2),    # asymmetric pads, dilation, 2 outputs per channel
+    ((3, 3), [1, 1], [0, 0, 0, 0], [1, 1], 1),    # one output
+])
+def test_conv2d_depthwise_3x3(hw, strides, pads, dilations, multiplier):
+    channels = 5
+    x = arrays(1, 2, channels, *hw)
+    w = arrays(2, channels * multiplier, 1, 3, 3)
+    b = arrays(3, channels * multiplier)
+    kw = {"group": channels, "strides": strides, "pads": pads, "dilations": dilations}
+    np.testing.assert_allclose(kernels.conv2d(x, w, b, **kw), ref("Conv", x, w, b, **kw),
+                               rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
 def test_conv2d_auto_pad(auto_pad):
     x, w = arrays(1, 1, 3, 7, 6), arrays(2, 4, 3, 2, 3)
