@@ -37,7 +37,7 @@ ITERATIONS = {"chain100": 50}
 
 
 def rounds_for(name: str) -> dict:
-    return {"rounds": 5 if name in HEAVY else 10, "iterations": ITERATIONS.get(name, 1),
+    return {"rounds": 7 if name in HEAVY else 15, "iterations": ITERATIONS.get(name, 1),
             "warmup_rounds": 1}
 
 

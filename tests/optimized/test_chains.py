@@ -165,3 +165,15 @@ def test_two_chains_meeting_at_one_node_keep_every_node():
     assert len(fused) == 1
     x = np.array([-2.0, 0.0, 1.0, 3.0], np.float32)
     np.testing.assert_allclose(plan.run({"x": x})[0], (x - 1) / (np.abs(x) + 0.5), rtol=1e-6)
+
+
+def test_a_chain_replans_when_the_input_shape_changes():
+    model = chain_model([("Mul", (5,), True), ("Add", (), True), ("Sigmoid", {})], rank=2)
+    plan = Plan(model, KERNELS, fuse_chains=True)
+    reference = ReferenceEvaluator(model)
+    rng = np.random.default_rng(3)
+    for shape in [(2, 5), (7, 5), (2, 5), (1, 5), (0, 5)]:  # cached geometry must not leak
+        x = rng.standard_normal(shape).astype(np.float32)
+        got = plan.run({"x": x})[0]
+        assert got.shape == shape
+        np.testing.assert_allclose(got, reference.run(None, {"x": x})[0], rtol=1e-6)
