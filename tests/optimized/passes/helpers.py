@@ -53,7 +53,11 @@ def assert_same_outputs(original, rewritten, seed=0, rtol=1e-4, atol=1e-5, feeds
     session = ort.InferenceSession(rewritten.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     for e, g in zip(expected, session.run(None, feeds)):
-        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
+        # onnxruntime rounds every step to float32 where some reference ops compute in float64:
+        # after a cancellation the gap is a few ulps of the largest value, not of the result
+        finite = np.abs(e[np.isfinite(e)]) if np.issubdtype(e.dtype, np.floating) else np.zeros(0)
+        scale = float(finite.max()) if finite.size else 0.0
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol + 1e-6 * scale)
 
 
 class _Builder:
