@@ -15,8 +15,9 @@ ONNX_PARITY_SANITIZE=address python csrc/build.py > build.log 2>&1 || { cat buil
 if [ $# -eq 0 ]; then
     set -- python -m pytest tests/optimized/test_kernels.py -p no:cacheprovider -q
 fi
-# Python's own allocations are never freed at exit: leak reports would be noise
-export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+# libstdc++ preloaded too: ASan must find the real __cxa_throw when onnx's C++ code throws.
+# Python's own allocations are never freed at exit: leak reports would be noise.
+export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 python -c "import optimized._kernels as k, sys; assert k.__file__.startswith('$WORK'), k.__file__; print('ASan build:', k.__file__, file=sys.stderr)"
 exec "$@"
