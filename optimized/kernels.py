@@ -23,6 +23,8 @@ import os
 import numpy as np
 import scipy_openblas32
 
+from reference.ops.conv import out_geometry
+
 
 def _load_blas() -> None:
     # Load the runtime dependency's BLAS under its soname first, so the extension links to it
@@ -345,42 +347,14 @@ def _whole_batch(x: np.ndarray, batch: tuple) -> np.ndarray:
 
 def window_geometry(in_shape, kernel, strides, dilations, pads, auto_pad="NOTSET",
                     ceil_mode=False) -> tuple[list[int], list[int], list[int]]:
-    """(pads_begin, pads_end, out_shape) of a sliding window, as the ONNX Conv/Pool specs define.
-
-    pads is ONNX's [begin..., end...].  With ceil_mode, a last window that would start inside the
-    end padding is dropped.
-    """
-    rank = len(in_shape)
-    begin, end, out = [], [], []
-    for i, size in enumerate(in_shape):
-        s, extent = strides[i], (kernel[i] - 1) * dilations[i] + 1
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-size // s)
-            total = max(0, (o - 1) * s + extent - size)
-            small = total // 2
-            pb = small if auto_pad == "SAME_UPPER" else total - small
-            pe = total - pb
-        elif auto_pad == "VALID":
-            pb = pe = 0
-            o = -(-(size - extent + 1) // s) if ceil_mode else (size - extent) // s + 1
-        elif auto_pad in ("NOTSET", ""):
-            pb, pe = pads[i], pads[i + rank]
-            span = size + pb + pe - extent
-            if ceil_mode:
-                o = -(-span // s) + 1
-                if (o - 1) * s >= size + pb:
-                    o -= 1
-            else:
-                o = span // s + 1
-        else:
-            raise ValueError(f"auto_pad {auto_pad!r} is not NOTSET, SAME_UPPER, SAME_LOWER or VALID")
-        if o < 1:
-            raise ValueError(
-                f"window of kernel {list(kernel)}, dilations {list(dilations)} does not fit "
-                f"input {list(in_shape)} with pads {list(pads)} ({auto_pad})")
-        begin.append(pb)
-        end.append(pe)
-        out.append(o)
+    """(pads_begin, pads_end, out_shape) of a sliding window: the reference's geometry (ONNX's
+    Conv/Pool rules), refused when the output would be empty or a value exceeds the C ints."""
+    begin, end, out = out_geometry(in_shape, kernel, strides, dilations, pads, auto_pad,
+                                   ceil_mode)
+    if min(out, default=1) < 1:
+        raise ValueError(
+            f"window of kernel {list(kernel)}, dilations {list(dilations)} does not fit "
+            f"input {list(in_shape)} with pads {list(pads)} ({auto_pad})")
     for name, values in (("pads", begin + end), ("strides", strides), ("dilations", dilations),
                          ("kernel_shape", kernel), ("output shape", out)):
         for v in values:
