@@ -303,3 +303,17 @@ def is_inference_batchnorm(bn, uses, outputs, opset) -> bool:
         return False
     # running statistics and saved mean/var are training outputs
     return not any(o and (o in outputs or o in uses) for o in bn.output[1:])
+
+
+def batchnorm_affine(bn, constants):
+    """(s, t) of an inference BatchNormalization, y = x * s + t per channel, in float64:
+    s = gamma / sqrt(var + epsilon), t = beta - mean * s.  None unless its four parameters are
+    float constants of one length."""
+    params = [constants.get(name) for name in bn.input[1:5]]
+    if any(p is None or p.dtype.kind != "f" for p in params):
+        return None
+    gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
+    if len({p.size for p in (gamma, beta, mean, var)}) != 1:
+        return None
+    s = gamma / np.sqrt(var + attr(bn, "epsilon", 1e-5))
+    return s, beta - mean * s

@@ -3,7 +3,6 @@ Mul and Add of per-channel constants, s = gamma / sqrt(var + eps) and t = beta -
 which the plan then fuses with the elementwise nodes around it into one pass over the data."""
 from __future__ import annotations
 
-import numpy as np
 import onnx
 from onnx import helper
 
@@ -11,7 +10,7 @@ from ._graph import (
     Constants,
     Shapes,
     add_initializer,
-    attr,
+    batchnorm_affine,
     consumers,
     copy_model,
     graph_output_names,
@@ -51,17 +50,10 @@ def batchnorm_to_affine(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _affine(bn, constants, rank):
-    """(s, t) shaped [C, 1, ..., 1] for an input of `rank`, or None."""
-    params = [constants.get(name) for name in bn.input[1:5]]
-    if rank is None or rank < 2 or any(p is None or p.dtype.kind != "f" for p in params):
+    """(s, t) shaped [C, 1, ..., 1] for an input of `rank`, in the parameters' dtype, or None."""
+    affine = batchnorm_affine(bn, constants)
+    dtypes = {constants.get(name).dtype for name in bn.input[1:5]} if affine else set()
+    if rank is None or rank < 2 or len(dtypes) != 1:
         return None
-    dtype = params[0].dtype
-    if any(p.dtype != dtype for p in params):
-        return None
-    gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
-    if len({p.size for p in (gamma, beta, mean, var)}) != 1:
-        return None
-    s = gamma / np.sqrt(var + attr(bn, "epsilon", 1e-5))
-    t = beta - mean * s
-    shape = (-1,) + (1,) * (rank - 2)
-    return s.reshape(shape).astype(dtype), t.reshape(shape).astype(dtype)
+    dtype, shape = dtypes.pop(), (-1,) + (1,) * (rank - 2)
+    return tuple(v.reshape(shape).astype(dtype) for v in affine)

@@ -9,7 +9,7 @@ from onnx import helper
 from ._graph import (
     Constants,
     add_initializer,
-    attr,
+    batchnorm_affine,
     consumers,
     copy_model,
     graph_output_names,
@@ -53,15 +53,10 @@ def _folded_weights(conv, bn, constants):
     bias = constants.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
     if len(conv.input) > 2 and conv.input[2] and bias is None:
         return None
-    params = [constants.get(name) for name in bn.input[1:5]]
-    if w is None or any(p is None for p in params) or w.dtype.kind != "f":
+    affine = batchnorm_affine(bn, constants)
+    if w is None or affine is None or w.dtype.kind != "f" or affine[0].size != w.shape[0]:
         return None
-    gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
-    channels = w.shape[0]
-    if any(p.size != channels for p in (gamma, beta, mean, var)):
-        return None
-    scale = gamma / np.sqrt(var + attr(bn, "epsilon", 1e-5))
-    b = np.zeros(channels) if bias is None else bias.astype(np.float64)
+    scale, shift = affine
+    b = np.zeros(w.shape[0]) if bias is None else bias.astype(np.float64)
     folded_w = w.astype(np.float64) * scale.reshape((-1,) + (1,) * (w.ndim - 1))
-    folded_b = (b - mean) * scale + beta
-    return folded_w.astype(w.dtype), folded_b.astype(w.dtype)
+    return folded_w.astype(w.dtype), (b * scale + shift).astype(w.dtype)
