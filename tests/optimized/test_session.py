@@ -143,7 +143,8 @@ def test_values_are_released_after_last_use():
 
 
 def test_intra_op_threads_govern_numpys_blas_and_the_kernels():
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import threadpoolctl
+
     from optimized import kernels
 
     x = np.ones((2, 8), np.float32)
@@ -160,8 +161,11 @@ def test_intra_op_threads_govern_numpys_blas_and_the_kernels():
 
 class _DeviceArray:
     """Stands in for a CuPy array: the CUDA array interface, a dtype and a shape."""
-    __cuda_array_interface__ = {"shape": (2, 8), "typestr": "<f4", "data": (0, False), "version": 3}
-    dtype, shape = np.dtype(np.float32), (2, 8)
+
+    def __init__(self):
+        self.dtype, self.shape = np.dtype(np.float32), (2, 8)
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": "<f4",
+                                         "data": (0, False), "version": 3}
 
 
 def test_device_array_feed_on_the_cpu_provider_is_refused_by_name():

@@ -114,7 +114,6 @@ def test_strict_mode_catches_a_value_on_the_wrong_side():
 
 @pytest.mark.parametrize("name", ["gpt2_seq1", "bert_layer", "light_resnet50"])
 def test_benchmark_models_on_the_fake_device_match_the_cpu_session(name):
-    pytest.importorskip("benchmarks.models")
     from benchmarks.models import build
 
     m, feeds = build(name)
