@@ -115,7 +115,9 @@ class _Worker:
 
 def run_tests(tests: list[CorpusTest], config: RunConfig, jobs: int = 1, on_result=None):
     """Run `tests` on `jobs` worker processes; returns TestResults in the order of `tests`."""
-    ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
+    # CUDA cannot be used in a child forked after the parent touched it (cudaErrorInitializationError)
+    cuda = config.backend_options.get("provider") == "cuda"
+    ctx = mp.get_context("fork" if hasattr(os, "fork") and not cuda else "spawn")
     pending = [t for t in tests if not t.unavailable]
     results: dict[str, TestResult] = {}
     for t in tests:
