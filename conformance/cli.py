@@ -19,8 +19,35 @@ def _console() -> Console:
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
+def opset_arg(text: str) -> str:
+    """argparse type of --opset: N, 'all', or a comma list of numbers and ranges lo-hi."""
+    wrong = argparse.ArgumentTypeError(
+        f"wants N, a list '7,13', a range '18-28' or 'all', got {text!r}")
+    if text.strip() == "all":
+        return "all"
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or (dash and int(lo) > int(hi)):
+            raise wrong
+    return text
+
+
+def dim_arg(text: str) -> tuple[str, int]:
+    """argparse type of --dim: name=integer, the integer 0 or more."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"wants name=integer (0 or more), got {text!r}")
+    return name.strip(), int(value)
+
+
+def positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"wants an integer of 1 or more, got {text!r}")
+    return int(text)
+
+
 def _add_pin_args(p: argparse.ArgumentParser, default: str = "all") -> None:
-    p.add_argument("--opset", default=default,
+    p.add_argument("--opset", default=default, type=opset_arg,
                    help="pinned opset: N, a list '7,13', a range '18-28', or 'all' (default: %(default)s)")
     p.add_argument("--cache-dir", default=None,
                    help=f"corpus cache folder (default: ${CACHE_ENV} or ~/.cache/onnx-parity)")
@@ -217,18 +244,23 @@ def cmd_ops(args) -> int:
 def cmd_run(args) -> int:
     import numpy as np
 
-    from reference import ReferenceEvaluator
+    from rich.markup import escape
 
-    from .inputs import load_inputs, random_inputs
+    from reference import ReferenceEvaluator
+    from reference.errors import ReferenceError_
 
     console = _console()
-    try:
+    try:  # what the user gave: the model and its inputs (exit 2 when unusable)
         ev = ReferenceEvaluator(args.model)
-        feeds = load_inputs(args.inputs, ev) if args.inputs else random_inputs(ev.model, args.seed,
-                                                                             _dims(args.dim))
+        feeds = _run_inputs(args, ev)
+        ev.check_feeds(feeds)
+    except (OSError, ValueError, ReferenceError_) as e:
+        console.print(f"[red]error:[/red] {escape(_named(e, args.model))}")
+        return EXIT_USAGE
+    try:
         outputs = ev.run(None, feeds)
     except Exception as e:  # noqa: BLE001 - the CLI reports, it does not trace back
-        console.print(f"[red]error:[/red] {type(e).__name__}: {e}")
+        console.print(f"[red]error:[/red] {escape(f'{type(e).__name__}: {e}')}")
         return EXIT_FAIL
     for name, value in zip(ev.output_names, outputs):
         if isinstance(value, np.ndarray):
@@ -242,12 +274,24 @@ def cmd_run(args) -> int:
     return EXIT_OK
 
 
-def _dims(pairs) -> dict:
-    dims = {}
-    for pair in pairs or []:
-        name, _, value = pair.partition("=")
-        dims[name] = int(value)
-    return dims
+def _run_inputs(args, ev) -> dict:
+    from .inputs import load_inputs, random_inputs
+
+    if not args.inputs:
+        return random_inputs(ev.model, args.seed, dict(args.dim or []))
+    if not os.path.exists(args.inputs):
+        raise FileNotFoundError(f"inputs not found: {args.inputs}")
+    try:
+        return load_inputs(args.inputs, ev)
+    except Exception as e:  # noqa: BLE001 - np.load raises many kinds; all mean "not inputs"
+        raise ValueError(f"cannot read inputs {args.inputs} (an .npz or a folder of "
+                         f"input_N.pb files): {type(e).__name__}: {e}") from e
+
+
+def _named(error: Exception, model: str) -> str:
+    """The error's message, with the model's path in front unless it already names it."""
+    message = str(error)
+    return message if model in message else f"{model}: {message}"
 
 
 # entry point -----------------------------------------------------------------------------------
@@ -286,10 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--domain", help="only this domain ('' or ai.onnx, ai.onnx.ml, ...)")
     p.set_defaults(func=cmd_ops)
 
-    p = sub.add_parser("run", help="run a model with the reference evaluator")
+    p = sub.add_parser("run", help="run a model with the reference evaluator", epilog=(
+        "Exit status: 0 on success, 1 when the run fails at a node, 2 on a usage error (bad "
+        "arguments, a file that is not a usable model, inputs that do not fit it)."))
     p.add_argument("model")
     p.add_argument("--inputs", help=".npz file, or a folder of TensorProto input_N.pb files")
-    p.add_argument("--dim", action="append", help="symbolic dimension value, e.g. batch=2")
+    p.add_argument("--dim", action="append", type=dim_arg,
+                   help="symbolic dimension value, e.g. batch=2")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--save", help="write the outputs to this .npz")
     p.set_defaults(func=cmd_run)

@@ -1,7 +1,6 @@
 """The reference evaluator: runs an ONNX model node by node with the ops in reference/ops."""
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, helper, numpy_helper
 from . import ops as _ops  # noqa: F401  (registers every op family)
 from .errors import InvalidFeedError, InvalidModelError, NodeError, UnsupportedOpError
 from .functions import function_body_from_schema, schema_for
+from .loading import check_graph_structure, check_ops_implemented, load_model  # noqa: F401
 from .registry import OpContext, canonical_domain, lookup
 from .types import check_feed, value_type_proto
 from .values import normalize
@@ -28,25 +28,6 @@ class Result:
     value: Any
     node: Any = None  # NodeProto for kind == "result"
     path: tuple = ()  # where a subgraph value comes from, e.g. ("loop_1/body", "iter 2")
-
-
-def load_model(model) -> ModelProto:
-    if isinstance(model, ModelProto):
-        return model
-    if isinstance(model, (bytes, bytearray)):
-        try:
-            return onnx.load_model_from_string(bytes(model))
-        except Exception as e:
-            raise InvalidModelError(f"cannot parse model bytes: {e}") from e
-    if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"model file not found: {path}")
-        try:
-            return onnx.load(path)
-        except Exception as e:
-            raise InvalidModelError(f"cannot load model {path}: {e}") from e
-    raise TypeError(f"expected a ModelProto, a path or bytes, got {type(model).__name__}")
 
 
 def tensor_value(tensor) -> np.ndarray:
@@ -284,7 +265,10 @@ _UNKNOWN_OP = re.compile(
 
 def validate(model: ModelProto) -> None:
     """onnx's checker, except that an op which the installed onnx no longer defines at that
-    version (deprecated, or experimental in an old release) is accepted when we implement it."""
+    version (deprecated, or experimental in an old release) is accepted when we implement it.
+    Before it, the graph's structure (reference/loading.py names cycles and undefined values);
+    after it, every op must have an implementation, as onnxruntime checks at load."""
+    check_graph_structure(model.graph)
     try:
         onnx.checker.check_model(model)
     except Exception as e:
@@ -294,8 +278,10 @@ def validate(model: ModelProto) -> None:
             version = int(m.group(2) or m.group(4))
             domains = {n.domain for n in model.graph.node if n.op_type == op_type}
             if domains and all(lookup(d, op_type, version) for d in domains):
+                check_ops_implemented(model)
                 return
         raise InvalidModelError(f"invalid model: {e}") from e
+    check_ops_implemented(model)
 
 
 class ReferenceEvaluator:

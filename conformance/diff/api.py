@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from conformance.inputs import load_inputs, random_inputs
+from reference.errors import InvalidFeedError, InvalidModelError, UnsupportedOpError
 
 from .align import align
 from .attribution import MADE, MADE_INSIDE, Attributor
@@ -83,10 +84,16 @@ class _Names:
 
 
 def _values(side, feeds):
-    """The side's values; a failure to run says which side failed (bad feeds stay ValueError)."""
+    """The side's values; a failure to run says which side failed. A model or feeds the side
+    cannot take stay usage errors (ValueError, InvalidModelError, UnsupportedOpError), named by
+    the side, which names its model when there are two."""
     try:
         yield from side.values(feeds)
-    except (ValueError, SideError):
+    except InvalidFeedError as e:
+        raise InvalidFeedError(f"side {side.label!r}: {e}") from e
+    except ValueError as e:
+        raise ValueError(f"side {side.label!r}: {e}") from e
+    except (SideError, InvalidModelError, UnsupportedOpError):
         raise
     except Exception as e:  # any backend's failure, reported with its side
         raise SideError(f"side {side.label!r} failed: {type(e).__name__}: {e}") from e

@@ -46,8 +46,9 @@ def add_diff_parser(sub) -> argparse.ArgumentParser:
 
 def cmd_diff(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
-    from reference.errors import InvalidModelError
+    from reference.errors import InvalidModelError, UnsupportedOpError
 
     from .api import diff_models
     from .sides import SavedRunSide, SideError
@@ -62,11 +63,11 @@ def cmd_diff(args) -> int:
             dims=_dims(args.dim), seed=args.seed, rtol=args.rtol, atol=args.atol,
             keep=args.keep, attribute=not args.no_attribution, extract=args.extract,
             save_run_to=args.save_run, level=args.level)
-    except (ValueError, FileNotFoundError, InvalidModelError) as e:
-        console.print(f"[red]error:[/red] {e}")
+    except (ValueError, FileNotFoundError, InvalidModelError, UnsupportedOpError) as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}")  # a model or input we cannot take
         return EXIT_USAGE
     except SideError as e:  # a side could not run the model: that is a divergence too
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_DIVERGED
     report.print(console, all_rows=args.all, limit=args.show)
     if args.json:
@@ -91,8 +92,8 @@ def _dims(pairs) -> dict:
     dims = {}
     for pair in pairs or []:
         name, sep, value = pair.partition("=")
-        if not sep or not value.strip().lstrip("-").isdigit():
-            raise ValueError(f"--dim wants name=integer, got {pair!r}")
+        if not sep or not name or not value.strip().isdigit():
+            raise ValueError(f"--dim wants name=integer (0 or more), got {pair!r}")
         dims[name] = int(value)
     return dims
 
