@@ -94,7 +94,7 @@ class FusedChain:
         self._members = tuple((op[0], op[1], link.value_input) for op, link in zip(self.ops, links))
         self._last_sides: tuple = ()
         self._last_geometry = None
-        self._side_ptrs = None
+        self._last_table: kernels.PointerTable | None = None
 
     def inputs(self) -> list[int]:
         first = self.links[0].step
@@ -106,17 +106,15 @@ class FusedChain:
 
     def __call__(self, x, *sides):
         if self._reusable(x, sides):
-            geometry, side_ptrs = self._last_geometry, self._side_ptrs
+            geometry, side_table = self._last_geometry, self._last_table
         else:
             prepared = self._prepare(x, sides)
             if prepared is None:
                 return self.one_by_one(x, *sides)
-            geometry, side_ptrs, x = prepared
+            geometry, side_table, x = prepared
         shape, _, ops, geo = geometry
         out = np.empty(shape, np.float32)
-        if out.size:
-            kernels.lib.chain_f32(kernels._ptr(x), kernels._ptr(out), out.size, len(self.ops), ops,
-                                  self._params, side_ptrs, geo)
+        kernels.chain(x, out, ops, self._params, side_table, geo)
         return [out]
 
     def _reusable(self, x, sides) -> bool:
@@ -128,6 +126,10 @@ class FusedChain:
                 and all(map(operator.is_, sides, self._last_sides)))
 
     def _prepare(self, x, sides):
+        """(geometry, side pointer table, first value) for these arrays, or None when the chain
+        kernel cannot take them.  Views (slices, transposes, broadcasts, negative strides) are
+        copied to C-contiguous arrays; the PointerTable owns those copies, so they live for as
+        long as any pointer to them is used."""
         arrays = (x, *sides)
         if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in arrays):
             return None
@@ -137,16 +139,14 @@ class FusedChain:
             return None
         start = geometry[1]
         ordered = (arrays[start],) + arrays[:start] + arrays[start + 1:]
-        side_ptrs = kernels.ffi.new("float *[]", max(len(self.ops), 1))
-        for k, a in zip(self.sides, ordered[1:]):
-            side_ptrs[k] = kernels.ffi.cast("float *", kernels._ptr(a))
+        side_table = kernels.PointerTable(len(self.ops), dict(zip(self.sides, ordered[1:])))
         # initializers come back as the same read-only arrays on every run: keep their pointers
         cacheable = start == 0 and all(not a.flags.writeable and a is b
                                        for a, b in zip(ordered[1:], sides))
         self._last_sides = sides if cacheable else ()
         self._last_geometry = geometry if cacheable else None
-        self._side_ptrs = side_ptrs
-        return geometry, side_ptrs, ordered[0]
+        self._last_table = side_table if cacheable else None
+        return geometry, side_table, ordered[0]
 
     def one_by_one(self, x, *sides):
         value, side_values = x, iter(sides)

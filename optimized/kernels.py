@@ -137,8 +137,32 @@ def _broadcasts_to(shape: tuple, target: tuple) -> bool:
     return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
 
 
+# Pointer lifetime: C never receives a bare address.  _ptr gives a cdata made by
+# ffi.from_buffer, which holds a reference to its array for as long as the cdata lives, and it
+# is only ever passed straight into a call; pointers stored in a C table (PointerTable) are kept
+# with the cdatas that own them.  ffi.cast to a pointer type would keep nothing alive.
+
 def _ptr(a: np.ndarray):
+    """A float[] cdata over a C-contiguous float32 array; it keeps the array alive."""
+    if not a.flags.c_contiguous:  # from_buffer refuses these too; the message names why
+        raise ValueError(f"a C kernel needs a C-contiguous array, got strides {a.strides}")
     return ffi.from_buffer("float[]", a)
+
+
+class PointerTable:
+    """A C table of float pointers (float *[size]) into float32 arrays, NULL where no array is
+    given.  The object owns what its pointers point into: each array (through its from_buffer
+    cdata) lives as long as the table does, so keep the PointerTable, not only `.table`, for as
+    long as C may read through it."""
+
+    __slots__ = ("table", "arrays", "_buffers")
+
+    def __init__(self, size: int, arrays: dict[int, np.ndarray]):
+        self.arrays = dict(arrays)
+        self._buffers = tuple(_ptr(a) for a in self.arrays.values())
+        self.table = ffi.new("float *[]", max(size, 1))
+        for k, buffer in zip(self.arrays, self._buffers):
+            self.table[k] = buffer
 
 
 def _int64x4(values):
@@ -182,6 +206,21 @@ def activation(x: np.ndarray, name: str, params=(), out: np.ndarray | None = Non
     out = _output(out, x.shape, x, may_alias=(x,))
     lib.activation_f32(_ptr(x), _ptr(out), x.size, code, alpha, beta)
     return out
+
+
+def chain(x: np.ndarray, out: np.ndarray, ops, params, sides: PointerTable, geometry) -> None:
+    """csrc chain_f32 over x into out (both C-contiguous float32 of one size; out may be x):
+    ops, params and geometry are the cdata arrays chain_f32 documents, sides the table of side
+    operands, which stays alive, with its arrays, for the whole call."""
+    for name, a in (("x", x), ("out", out)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32:
+            raise TypeError(f"chain {name} must be a float32 numpy array, got "
+                            f"{getattr(a, 'dtype', type(a).__name__)}")
+    if out.size != x.size:
+        raise ValueError(f"chain output {list(out.shape)} does not match input {list(x.shape)}")
+    if out.size:
+        lib.chain_f32(_ptr(x), _ptr(out), out.size, len(ops) // 3, ops, params, sides.table,
+                      geometry)
 
 
 def gelu(x: np.ndarray, approximate: str = "none", out: np.ndarray | None = None) -> np.ndarray:
