@@ -5,74 +5,44 @@ node (optimized/cpu.py, else the reference op) -> run.
 """
 from __future__ import annotations
 
-import enum
 import json
-import os
-import tempfile
 import time
 
 import numpy as np
 import onnx
 
 from reference import ReferenceEvaluator
-from reference.dtypes import type_name
-from reference.evaluator import Result, load_model, validate
-from reference.types import check_feed
+from reference.evaluator import Result, validate
+from reference.types import check_feed, describe_type
 from reference.values import EMPTY
 
+from . import feeds as feed_conversion
+from .errors import Fail, InvalidArgument, as_load_errors, as_run_errors
+from .loading import load_for_session, with_inferred_outputs
+from .lora import adapter_feeds
+from .options import (RECORD_ASSIGNMENT, ExecutionMode, GraphOptimizationLevel,  # noqa: F401
+                      RunOptions, SessionOptions)
+from .ortvalue import OrtMemoryInfo, OrtValue
+from .check import NodeCheckError, check_step, write_repro  # noqa: F401 (check mode)
 from .plan import Profiler
 
 PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-
-
-class GraphOptimizationLevel(enum.IntEnum):
-    ORT_DISABLE_ALL = 0
-    ORT_ENABLE_BASIC = 1
-    ORT_ENABLE_EXTENDED = 2
-    ORT_ENABLE_ALL = 99
-
-    @classmethod
-    def from_level(cls, level: int) -> GraphOptimizationLevel:
-        for member in sorted(cls, reverse=True):
-            if level >= member:
-                return member
-        return cls.ORT_DISABLE_ALL
-
-
-class SessionOptions:
-    """The onnxruntime options that apply here, plus `check_nodes` (compare every fast kernel
-    with the reference op) and `check_nodes_dir` (where the first mismatch's repro goes)."""
-
-    def __init__(self):
-        self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.intra_op_num_threads = 0
-        self.enable_profiling = False
-        self.profile_file_prefix = "onnx_parity_profile"
-        self.optimized_model_filepath = ""
-        self.log_severity_level = 2
-        self.check_nodes = False
-        self.check_nodes_dir = ""
-
-
-class RunOptions:
-    def __init__(self):
-        self.log_severity_level = 2
-        self.tag = ""
 
 
 class NodeArg:
     def __init__(self, value_info):
         self.name = value_info.name
         tp = value_info.type
+        self.type = describe_type(tp)
+        while tp.WhichOneof("value") == "optional_type":  # onnxruntime gives the inner shape
+            tp = tp.optional_type.elem_type
         if tp.WhichOneof("value") == "tensor_type":
-            self.type = f"tensor({type_name(tp.tensor_type.elem_type)})"
             self.shape = [
                 d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                 for d in tp.tensor_type.shape.dim
             ]
         else:
-            self.type = tp.WhichOneof("value") or "unknown"
-            self.shape = None
+            self.shape = []
 
     def __repr__(self) -> str:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
@@ -89,31 +59,40 @@ class ModelMetadata:
         self.custom_metadata_map = {p.key: p.value for p in model.metadata_props}
 
 
-class NodeCheckError(AssertionError):
-    """Check mode: a fast kernel's result is past tolerance from the reference op's."""
-
-
 class InferenceSession:
     def __init__(self, path_or_bytes, sess_options: SessionOptions | None = None,
                  providers=None, provider_options=None, **kwargs):
+        if sess_options is not None and not isinstance(sess_options, SessionOptions):
+            raise TypeError(f"sess_options: expected optimized.SessionOptions, got "
+                            f"{type(sess_options).__name__}")
         self._options = sess_options or SessionOptions()
-        from .providers import make_plan, select
-
-        self._providers, self._provider_options = select(providers, provider_options)
-        original = load_model(path_or_bytes)
-        validate(original)
+        self._path_or_bytes = path_or_bytes
+        self._fallback = True
+        self._profiling_start_ns = 0
+        with as_load_errors():
+            original = load_for_session(path_or_bytes, self._options)
+            validate(original)
         self._original = original
         self._model = self._rewrite(original)
         self._evaluator = ReferenceEvaluator(self._model, check=False)
-        from .cpu import set_num_threads
+        self._inputs = [NodeArg(v) for v in self._evaluator.input_infos]
+        self._outputs = [NodeArg(v) for v in with_inferred_outputs(self._model).graph.output]
+        self._create_plan(providers, provider_options)
 
+    def _create_plan(self, providers, provider_options) -> None:
+        from .cpu import set_num_threads
+        from .providers import make_plan, select
+
+        self._providers, self._provider_options = select(providers, provider_options)
         self._set_num_threads = set_num_threads
         set_num_threads(self._options.intra_op_num_threads)
         fuse = self._options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         self._plan = make_plan(self._model, self._evaluator, self._provider_options, fuse)
-        self._inputs = [NodeArg(v) for v in self._evaluator.input_infos]
-        self._outputs = [NodeArg(v) for v in self._model.graph.output]
-        self._profiler = Profiler() if self._options.enable_profiling else None
+        if self._options.enable_profiling:
+            self._profiler = Profiler()
+            self._profiling_start_ns = time.monotonic_ns()
+        else:
+            self._profiler = None
 
     def _rewrite(self, model):
         from .passes import optimize
@@ -126,17 +105,42 @@ class InferenceSession:
 
     # onnxruntime's surface ------------------------------------------------------------
     def run(self, output_names, input_feed, run_options=None):
-        self._check_feeds(input_feed)
+        """Outputs as NumPy arrays, lists (sequences), dicts (maps) or None (empty optional),
+        in the order of `output_names` (every output when it is None or empty)."""
+        wanted = self._output_indices(output_names)
+        feeds = self._prepare_feeds(input_feed, run_options)
         self._set_num_threads(self._options.intra_op_num_threads)  # sessions may differ
         checker = self._check_node if self._options.check_nodes else None
-        outputs = self._plan.run(input_feed, profiler=self._profiler, checker=checker)
-        all_names = [o.name for o in self._outputs]
-        if not output_names:
-            return outputs
-        for name in output_names:
-            if name not in all_names:
-                raise ValueError(f"unknown output {name!r}; the model's outputs are {all_names}")
-        return [outputs[all_names.index(n)] for n in output_names]
+        with as_run_errors():
+            outputs = self._plan.run(feeds, profiler=self._profiler, checker=checker)
+        outputs = feed_conversion.unshared_outputs(outputs, feeds)
+        return [outputs[i] for i in wanted]
+
+    def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
+        """run() with OrtValues in and out."""
+        for name, value in input_dict_ort_values.items():
+            if not isinstance(value, OrtValue):
+                raise TypeError(f"input {name!r}: run_with_ort_values takes OrtValues, got "
+                                f"{type(value).__name__}")
+        return [OrtValue(v) for v in self.run(output_names, input_dict_ort_values, run_options)]
+
+    def run_async(self, output_names, input_feed, callback, user_data, run_options=None) -> None:
+        """Run on a worker thread and call callback(results, user_data, error_message); the
+        message is '' on success, and results is [] on failure (onnxruntime's convention)."""
+        import threading
+
+        wanted = self._output_indices(output_names)
+        self._check_names(input_feed)
+
+        def work():
+            try:
+                outputs = self.run(None, input_feed, run_options)
+            except Exception as e:  # reported to the callback, as onnxruntime does
+                callback([], user_data, str(e))
+                return
+            callback([outputs[i] for i in wanted], user_data, "")
+
+        threading.Thread(target=work, name="optimized-run-async", daemon=True).start()
 
     @property
     def optimized_model(self):
@@ -146,14 +150,15 @@ class InferenceSession:
     def iter_results(self, input_feed):
         """Initializers, inputs, every node result (subgraph values with their path) and the
         outputs, as the reference evaluator yields them: the observer hook for diffing."""
-        self._check_feeds(input_feed)
+        input_feed = self._prepare_feeds(input_feed, None)
         for name, value in self._evaluator.initial_values().items():
             if name not in input_feed:
                 yield Result("initializer", name, value)
         for name, value in input_feed.items():
             yield Result("input", name, value)
         produced: list[Result] = []
-        outputs = self._plan.run(input_feed, observer=produced.append)
+        with as_run_errors():
+            outputs = self._plan.run(input_feed, observer=produced.append)
         yield from produced
         for out, value in zip(self._outputs, outputs):
             yield Result("output", out.name, value)
@@ -175,26 +180,67 @@ class InferenceSession:
 
         return as_strings(self._provider_options)
 
+    def set_providers(self, providers=None, provider_options=None) -> None:
+        """Re-plan the session for other providers (the CPU provider when None)."""
+        self._create_plan(providers, provider_options)
+
+    def disable_fallback(self) -> None:
+        """Accepted: a node without a fast kernel always runs the reference op."""
+        self._fallback = False
+
+    def enable_fallback(self) -> None:
+        self._fallback = True
+
+    def get_input_memory_infos(self):
+        return [self._memory_info() for _ in self._inputs]
+
+    def get_output_memory_infos(self):
+        return [self._memory_info() for _ in self._outputs]
+
+    def _memory_info(self) -> OrtMemoryInfo:
+        """Feeds and results are host values on both providers (run() copies to the device)."""
+        return OrtMemoryInfo.for_provider("CPUExecutionProvider")
+
+    def get_provider_graph_assignment_info(self):
+        """Which provider runs which node, once the config entry
+        'session.record_ep_graph_assignment_info' is '1' (as onnxruntime requires)."""
+        from .assignment import assignment_info
+
+        if self._options.config.get(RECORD_ASSIGNMENT) != "1":
+            raise Fail(f"Session configuration entry '{RECORD_ASSIGNMENT}' must be set to "
+                             f"\"1\" to retrieve EP graph assignment information.")
+        return assignment_info(self._plan, self._providers)
+
+    def get_profiling_start_time_ns(self) -> int:
+        """time.monotonic_ns() when profiling started, 0 when profiling is off."""
+        return self._profiling_start_ns
+
     def io_binding(self):
-        from .cuda.iobinding import IOBinding
+        from .iobinding import IOBinding
 
         return IOBinding(self)
 
     def run_with_iobinding(self, iobinding, run_options=None) -> None:
-        """Run on the bound inputs; outputs bound to "cuda" stay on the device."""
+        """Run on the bound inputs; outputs bound to "cuda" stay on the device, outputs bound
+        to a buffer or an OrtValue are written into it."""
         names = [o.name for o in self._outputs]
         wanted = iobinding.outputs(names)
         for name, _ in wanted:
             if name not in names:
-                raise ValueError(f"unknown output {name!r}; the model's outputs are {names}")
+                raise InvalidArgument(f"unknown output {name!r}; the model's outputs are {names}")
         on_device = [n for n, where in wanted if where == "cuda"]
         if on_device and "CUDAExecutionProvider" not in self._providers:
-            raise ValueError(f"outputs {on_device} are bound to cuda, but this session runs on "
-                             f"{self._providers}")
+            raise InvalidArgument(f"outputs {on_device} are bound to cuda, but this session runs "
+                                  f"on {self._providers}")
         feeds = iobinding.feeds()
-        if not on_device and all(isinstance(v, np.ndarray) for v in feeds.values()):
-            self._check_feeds(feeds)
-        outputs = self._plan.run(feeds, device_outputs=on_device) if on_device else self._plan.run(feeds)
+        if not on_device and all(isinstance(v, (np.ndarray, OrtValue)) for v in feeds.values()):
+            feeds = self._prepare_feeds(feeds, run_options)
+        with as_run_errors():
+            if on_device:
+                outputs = self._plan.run(feeds, device_outputs=on_device)
+            else:
+                outputs = self._plan.run(feeds)
+        outputs = feed_conversion.unshared_outputs(outputs, feeds)
         iobinding.set_results([outputs[names.index(n)] for n, _ in wanted])
 
     def get_session_options(self):
@@ -215,8 +261,20 @@ class InferenceSession:
         return path
 
     # checks ---------------------------------------------------------------------------
-    def _check_feeds(self, feeds: dict) -> None:
-        known = {i.name: i for i in self._evaluator.input_infos + self._evaluator.overridable}
+    def _output_indices(self, output_names) -> list[int]:
+        names = [o.name for o in self._outputs]
+        if not output_names:
+            return list(range(len(names)))
+        for name in output_names:
+            if name not in names:
+                raise InvalidArgument(f"unknown output {name!r}; the model's outputs are {names}")
+        return [names.index(n) for n in output_names]
+
+    def _check_names(self, feeds) -> None:
+        if not isinstance(feeds, dict):
+            raise TypeError(f"input_feed: expected a dict of input name to value, got "
+                            f"{type(feeds).__name__}")
+        known = {i.name for i in self._evaluator.input_infos + self._evaluator.overridable}
         for name in feeds:
             if name not in known:
                 raise ValueError(
@@ -224,12 +282,32 @@ class InferenceSession:
         for info in self._evaluator.input_infos:
             if info.name not in feeds:
                 raise ValueError(f"missing input {info.name!r}")
+
+    def _prepare_feeds(self, feeds: dict, run_options) -> dict:
+        """Names checked, values converted as onnxruntime converts them (OrtValues unwrapped,
+        lists and strings to arrays of the input's type), then types and shapes checked."""
+        if run_options is not None:
+            if not isinstance(run_options, RunOptions):
+                raise TypeError(f"run_options: expected optimized.RunOptions, got "
+                                f"{type(run_options).__name__}")
+            if run_options.terminate:
+                raise Fail("Exiting due to terminate flag being set to true.")
+            feeds = {**adapter_feeds(run_options), **feeds}
+        self._check_names(feeds)
+        known = {i.name: i for i in self._evaluator.input_infos + self._evaluator.overridable}
+        converted = {}
         for name, value in feeds.items():
+            value = feed_conversion.convert(known[name].type, value)
             if hasattr(value, "__cuda_array_interface__"):
-                value = self._device_feed_stand_in(name, value)
-            elif not isinstance(value, (np.ndarray, np.generic, list, dict)) and value not in (None, EMPTY):
+                checked = self._device_feed_stand_in(name, value)
+            elif not isinstance(value, (np.ndarray, list, dict)) and value not in (None, EMPTY):
                 raise TypeError(f"input {name!r}: expected a numpy array, got {type(value).__name__}")
-            check_feed(known[name], np.asarray(value) if isinstance(value, np.generic) else value)
+            else:
+                checked = value
+            with as_run_errors():
+                check_feed(known[name], checked)
+            converted[name] = value
+        return converted
 
     def _device_feed_stand_in(self, name: str, value) -> np.ndarray:
         """A device array (CuPy) is checked by its dtype and shape, without a copy to the host."""
@@ -239,36 +317,4 @@ class InferenceSession:
         return np.broadcast_to(np.zeros((), dtype=np.dtype(value.dtype)), tuple(value.shape))
 
     def _check_node(self, step, values, outputs) -> None:
-        from conformance.compare import Mismatch, compare_outputs
-
-        expected = step.reference(*values)
-        try:
-            compare_outputs(expected, outputs, names=[n or "-" for n in step.node.output])
-        except Mismatch as e:
-            folder = self._options.check_nodes_dir or tempfile.mkdtemp(prefix="onnx_parity_check_")
-            write_repro(step.node, values, self._model, folder)
-            raise NodeCheckError(
-                f"check mode: node {step.node.name!r} ({step.node.op_type}) differs from the "
-                f"reference op: {e}; repro in {folder}") from e
-
-
-def write_repro(node, values, model, folder: str) -> None:
-    """The node as a one-node model plus its inputs (inputs.npz and input_N.pb)."""
-    from onnx import helper, numpy_helper
-
-    os.makedirs(folder, exist_ok=True)
-    names = [f"in{i}" if name else "" for i, name in enumerate(node.input)]
-    arrays = {n: v for n, v in zip(names, values) if n and isinstance(v, np.ndarray)}
-    inputs = [helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-              for n, v in arrays.items()]
-    clone = helper.make_node(node.op_type, names, [f"out{i}" for i in range(len(node.output))],
-                             domain=node.domain, name=node.name)
-    clone.attribute.extend(node.attribute)
-    outputs = [helper.make_empty_tensor_value_info(f"out{i}") for i in range(len(node.output))]
-    graph = helper.make_graph([clone], "repro", inputs, outputs)
-    repro = helper.make_model(graph, opset_imports=list(model.opset_import))
-    onnx.save(repro, os.path.join(folder, "model.onnx"))
-    np.savez(os.path.join(folder, "inputs.npz"), **arrays)
-    for i, (name, value) in enumerate(arrays.items()):
-        with open(os.path.join(folder, f"input_{i}.pb"), "wb") as f:
-            f.write(numpy_helper.from_array(value, name).SerializeToString())
+        check_step(step, values, outputs, self._model, self._options.check_nodes_dir)

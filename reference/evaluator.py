@@ -263,6 +263,28 @@ _UNKNOWN_OP = re.compile(
 )
 
 
+def _as_onnxruntime_accepts(model: ModelProto) -> ModelProto:
+    """onnxruntime loads two forms that onnx's checker refuses, and so do we: an IR-3 model whose
+    initializers are not listed as graph inputs, and a graph input or output declared without a
+    shape (unknown rank). The checker sees a copy with those initializers listed as inputs and
+    those shapes present; anything else it refuses is still refused."""
+    graph = model.graph
+    listed = {i.name for i in graph.input}
+    unlisted = [t for t in graph.initializer if t.name not in listed] if model.ir_version < 4 else []
+    unshaped = [i for i, v in enumerate(list(graph.input) + list(graph.output))
+                if v.type.WhichOneof("value") == "tensor_type" and not v.type.tensor_type.HasField("shape")]
+    if not unlisted and not unshaped:
+        return model
+    relaxed = ModelProto()
+    relaxed.CopyFrom(model)
+    for t in unlisted:
+        relaxed.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    values = list(relaxed.graph.input) + list(relaxed.graph.output)
+    for i in unshaped:
+        values[i].type.tensor_type.shape.SetInParent()
+    return relaxed
+
+
 def validate(model: ModelProto) -> None:
     """onnx's checker, except that an op which the installed onnx no longer defines at that
     version (deprecated, or experimental in an old release) is accepted when we implement it.
@@ -270,7 +292,7 @@ def validate(model: ModelProto) -> None:
     after it, every op must have an implementation, as onnxruntime checks at load."""
     check_graph_structure(model.graph)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_as_onnxruntime_accepts(model))
     except Exception as e:
         m = _UNKNOWN_OP.search(str(e))
         if m:

@@ -69,7 +69,7 @@ def test_every_level_gives_the_reference_result_and_dynamic_batch_works(level):
     ({"x": np.zeros((1, 8), np.float64)}, ValueError, "input 'x': expected tensor\\(float\\)"),
     ({"x": np.zeros(8, np.float32)}, ValueError, "input 'x': expected rank 2"),
     ({"x": np.zeros((1, 9), np.float32)}, ValueError, "input 'x': dimension 1 must be 8"),
-    ({"x": [[1.0] * 8]}, ValueError, "input 'x'"),
+    ({"x": [[1.0] * 9]}, ValueError, "input 'x': dimension 1 must be 8"),  # a list converts first
 ])
 def test_bad_feeds_fail_before_any_kernel_runs(feeds, error, message, monkeypatch):
     sess = _session()

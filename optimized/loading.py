@@ -1,0 +1,111 @@
+"""A model as a session loads it: external data given in memory, initializers given through
+SessionOptions.add_initializer, and free dimensions fixed by name or denotation."""
+from __future__ import annotations
+
+import os
+
+import onnx
+from onnx import ModelProto, external_data_helper, numpy_helper
+
+from reference.evaluator import load_model
+
+from .errors import InvalidArgument
+
+
+def load_for_session(path_or_bytes, options) -> ModelProto:
+    in_memory = options.external_files
+    if in_memory and isinstance(path_or_bytes, (str, os.PathLike)) and os.path.exists(path_or_bytes):
+        model = onnx.load(os.fspath(path_or_bytes), load_external_data=False)
+        fill_external_data(model, in_memory)
+        external_data_helper.load_external_data_for_model(
+            model, os.path.dirname(os.path.abspath(os.fspath(path_or_bytes))))
+    else:
+        model = load_model(path_or_bytes)
+        if in_memory or options.initializers or options.free_dimensions_by_name or \
+                options.free_dimensions_by_denotation:
+            model = _copy(model)
+        fill_external_data(model, in_memory)
+    replace_initializers(model, options.initializers)
+    fix_free_dimensions(model, options.free_dimensions_by_name, options.free_dimensions_by_denotation)
+    return model
+
+
+def _copy(model: ModelProto) -> ModelProto:
+    copy = ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def fill_external_data(model: ModelProto, files: dict[str, bytes]) -> None:
+    """Initializers whose external data file is given in memory get their bytes from it."""
+    if not files:
+        return
+    for tensor in _initializers(model.graph):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        info = external_data_helper.ExternalDataInfo(tensor)
+        if info.location not in files:
+            continue
+        data = files[info.location]
+        start = int(info.offset or 0)
+        end = start + int(info.length) if info.length else len(data)
+        if end > len(data):
+            raise InvalidArgument(f"initializer {tensor.name!r}: bytes {start}..{end} of external "
+                                  f"file {info.location!r}, which holds {len(data)} bytes")
+        tensor.raw_data = data[start:end]
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def _initializers(graph):
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                yield attribute.t
+            for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                yield from _initializers(sub)
+
+
+def replace_initializers(model: ModelProto, values: dict) -> None:
+    """SessionOptions.add_initializer: replaces the initializer of that name, or adds it."""
+    if not values:
+        return
+    graph = model.graph
+    for name, ort_value in values.items():
+        tensor = numpy_helper.from_array(ort_value.numpy(), name)
+        for i, existing in enumerate(graph.initializer):
+            if existing.name == name:
+                graph.initializer[i].CopyFrom(tensor)
+                break
+        else:
+            graph.initializer.append(tensor)
+
+
+def fix_free_dimensions(model: ModelProto, by_name: dict[str, int], by_denotation: dict[str, int]) -> None:
+    if not by_name and not by_denotation:
+        return
+    for info in list(model.graph.input) + list(model.graph.output):
+        if info.type.WhichOneof("value") != "tensor_type":
+            continue
+        for dim in info.type.tensor_type.shape.dim:
+            value = by_name.get(dim.dim_param) if dim.HasField("dim_param") else None
+            if value is None and dim.denotation:
+                value = by_denotation.get(dim.denotation)
+            if value is not None:
+                dim.dim_value = value
+
+
+def with_inferred_outputs(model: ModelProto) -> ModelProto:
+    """The model with graph outputs declared without a shape given the inferred one (as
+    onnxruntime reports them), or the model itself when every output has a shape or inference
+    cannot tell."""
+    def unshaped(info):
+        return info.type.WhichOneof("value") == "tensor_type" and not info.type.tensor_type.HasField("shape")
+
+    if not any(unshaped(o) for o in model.graph.output):
+        return model
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference is a nicety for NodeArg.shape; the model still runs
+        return model
