@@ -99,3 +99,14 @@ void layernorm_last_f32(const float *x, const float *scale, const float *bias, f
 int attention_f32(const float *q, const float *k, const float *v, float *y, int batch,
                   int heads, int q_len, int kv_len, int head_size, int v_head_size, float scale,
                   const float *mask, const int64_t *mask_strides, int causal, int causal_offset);
+
+/* com.microsoft MatMulNBits: y (m x n) = a (m x k) @ w^T + bias, w[j, i] = (q[j, i] - zp) * s
+ * per block of block_size values along k.  b: n rows of ceil(k / block_size) blocks of
+ * block_size * bits / 8 bytes, codes packed least significant bits first; scales (n x blocks).
+ * Zero points: zp_packed (bytes packed like b, each row padded to whole bytes), or zp_float
+ * (n x blocks), or neither (2^(bits-1)).  bits 2, 4 or 8; block_size a power of 2 >= 16.
+ * bias may be NULL.  allow_simd 0 forces the portable code.  Returns 0, or -1 when out of
+ * memory. */
+int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
+                     const uint8_t *zp_packed, const float *zp_float, const float *bias, float *y,
+                     int m, int n, int k, int bits, int block_size, int allow_simd);

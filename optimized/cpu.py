@@ -183,6 +183,25 @@ def _split_heads(x, heads):
     return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)
 
 
+# quantized weights ---------------------------------------------------------------------------
+def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K=0, N=0, bits=4,
+                 block_size=0, accuracy_level=0, weight_prepacked=0):
+    """com.microsoft MatMulNBits with float32 A; accuracy_level only permits lower precision,
+    which this kernel never takes.  A g_idx other than the plain block order, and prepacked
+    weights, run as the reference op."""
+    plain = (a.dtype == np.float32 and scales.dtype == np.float32 and not weight_prepacked
+             and (bias is None or bias.dtype == np.float32)
+             and (g_idx is None or np.array_equal(np.asarray(g_idx).reshape(-1)[:K],
+                                                  np.arange(K) // max(block_size, 1))))
+    if not plain:
+        return NotImplemented
+    try:
+        return kernels.matmul_nbits(a, b, scales, zero_points, bias, k=K, n=N, bits=bits,
+                                    block_size=block_size)
+    except (ValueError, TypeError):
+        return NotImplemented
+
+
 KERNELS = {
     ("", "Add"): _binary("Add"),
     ("", "Sub"): _binary("Sub"),
@@ -207,6 +226,7 @@ KERNELS = {
     ("", "GlobalAveragePool"): global_average_pool,
     ("", "Softmax"): softmax,
     ("", "LayerNormalization"): layer_normalization,
+    (MS, "MatMulNBits"): matmul_nbits,
 }
 
 

@@ -644,3 +644,62 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
     if status != 0:
         raise MemoryError("attention could not allocate its score buffer")
     return out
+
+
+# --- com.microsoft MatMulNBits -------------------------------------------------------------
+
+def matmul_nbits(a: np.ndarray, b: np.ndarray, scales: np.ndarray,
+                 zero_points: np.ndarray | None = None, bias: np.ndarray | None = None, *,
+                 k: int, n: int, bits: int = 4, block_size: int, simd: bool = True,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """a (..., k) @ dequant(b)^T + bias -> (..., n), com.microsoft MatMulNBits's layout: b holds
+    n * ceil(k / block_size) blocks of block_size * bits / 8 bytes, scales one float32 per
+    block, zero_points packed uint8 (like b, each row padded to whole bytes) or float32 per
+    block, or None (2^(bits-1)).  simd=False runs the portable code (for tests)."""
+    if bits not in (2, 4, 8):
+        raise ValueError(f"MatMulNBits bits must be 2, 4 or 8, got {bits}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"MatMulNBits block_size must be a power of 2 >= 16, got {block_size}")
+    a = _f32("A", a)
+    if a.ndim < 1 or a.shape[-1] != k:
+        raise ValueError(f"A's last axis must be K={k}, got shape {list(a.shape)}")
+    blocks = (k + block_size - 1) // block_size
+    b = _uint8("B", b, n * blocks * (block_size * bits // 8))
+    scales = _f32("scales", scales)
+    if scales.size != n * blocks:
+        raise ValueError(f"scales must hold N * blocks = {n * blocks} values, got {scales.size}")
+    zp_packed = zp_float = ffi.NULL
+    if zero_points is not None:
+        if isinstance(zero_points, np.ndarray) and zero_points.dtype == np.uint8:
+            zero_points = _uint8("zero_points", zero_points, n * ((blocks * bits + 7) // 8))
+            zp_packed = ffi.from_buffer("uint8_t[]", zero_points)
+        else:
+            zero_points = _f32("zero_points", zero_points)
+            if zero_points.size != n * blocks:
+                raise ValueError(f"float zero_points must hold N * blocks = {n * blocks} values, "
+                                 f"got {zero_points.size}")
+            zp_float = _ptr(zero_points)
+    if bias is not None:
+        bias = _f32("bias", bias)
+        if bias.shape != (n,):
+            raise ValueError(f"bias must have shape {[n]}, got {list(bias.shape)}")
+    m = a.size // k if k else math.prod(a.shape[:-1])
+    for name, v in (("M", m), ("N", n), ("K", k), ("B size", b.size), ("A size", a.size)):
+        _c_int(name, v)
+    out = _output(out, a.shape[:-1] + (n,), a, scales, *(x for x in (bias,) if x is not None))
+    status = lib.matmul_nbits_f32(
+        _ptr(a), ffi.from_buffer("uint8_t[]", b), _ptr(scales), zp_packed, zp_float,
+        ffi.NULL if bias is None else _ptr(bias), _ptr(out), m, n, k, bits, block_size,
+        int(bool(simd)))
+    if status != 0:
+        raise MemoryError("matmul_nbits could not allocate its dequantization buffers")
+    return out
+
+
+def _uint8(name: str, a, size: int) -> np.ndarray:
+    """A C-contiguous uint8 array of `size` elements, or TypeError/ValueError naming it."""
+    if not isinstance(a, np.ndarray) or a.dtype != np.uint8:
+        raise TypeError(f"{name} must be a uint8 numpy array, got {getattr(a, 'dtype', type(a))}")
+    if a.size != size:
+        raise ValueError(f"{name} must hold {size} bytes, got {a.size} (shape {list(a.shape)})")
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)

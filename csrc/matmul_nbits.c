@@ -1,0 +1,365 @@
+/* com.microsoft MatMulNBits: y (m x n) = a (m x k) @ dequant(b)^T + bias, with b holding n rows
+ * of k values quantized block by block along k: w = (q - zero_point) * scale per block.
+ *
+ * Decode (m small): one pass over the packed weights per row of a, dequantized in registers
+ * (AVX2+FMA when the CPU has it, else portable C), split over n across the OpenMP threads.
+ * Prefill: each thread dequantizes a panel of weight rows into float32 and runs a single-threaded
+ * BLAS GEMM on it, so no full float copy of the weights ever exists. */
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "kernels.h"
+#include "internal.h"
+
+/* Rows of a up to which each row streams the packed weights on its own (no panel). */
+enum { GEMV_MAX_ROWS = 3, PANEL_BYTES = 256 * 1024, PANEL_MIN_ROWS = 16 };
+
+typedef struct {
+    const uint8_t *b;
+    const float *scales;
+    const uint8_t *zp_packed;
+    const float *zp_float;
+    int n, k, bits, block_size, n_blocks, blob, zp_row_bytes;
+} nbits_weights;
+
+/* The zero points of weight row `row`, one per block, as floats. */
+static void row_zero_points(const nbits_weights *w, int row, float *zps)
+{
+    if (w->zp_float != NULL) {
+        memcpy(zps, w->zp_float + (size_t)row * w->n_blocks, (size_t)w->n_blocks * sizeof(float));
+        return;
+    }
+    if (w->zp_packed == NULL) {
+        for (int blk = 0; blk < w->n_blocks; ++blk) zps[blk] = (float)(1 << (w->bits - 1));
+        return;
+    }
+    const uint8_t *packed = w->zp_packed + (size_t)row * w->zp_row_bytes;
+    if (w->bits == 8)
+        for (int blk = 0; blk < w->n_blocks; ++blk) zps[blk] = (float)packed[blk];
+    else if (w->bits == 4)
+        for (int blk = 0; blk < w->n_blocks; ++blk)
+            zps[blk] = (float)((packed[blk >> 1] >> ((blk & 1) * 4)) & 15);
+    else
+        for (int blk = 0; blk < w->n_blocks; ++blk)
+            zps[blk] = (float)((packed[blk >> 2] >> ((blk & 3) * 2)) & 3);
+}
+
+/* codes[i] of one block as (code - zp) * s, for a constant `bits` (so the loops unroll). */
+static inline __attribute__((always_inline)) void dequant_block(const uint8_t *q, int blob,
+                                                                int bits, float zp, float s,
+                                                                float *out)
+{
+    int per_byte = 8 / bits, mask = (1 << bits) - 1;
+    for (int i = 0; i < blob; ++i)
+        for (int j = 0; j < per_byte; ++j)
+            out[i * per_byte + j] = ((float)((q[i] >> (j * bits)) & mask) - zp) * s;
+}
+
+/* Weight row `row` as floats into out[0 .. n_blocks * block_size) (the tail past k included:
+ * padding codes dequantize to finite values, which meet zeros in a or are never read);
+ * zps: scratch for n_blocks floats. */
+VECTOR_CLONES
+static void dequant_row(const nbits_weights *w, int row, float *out, float *zps)
+{
+    const uint8_t *q = w->b + (size_t)row * w->n_blocks * w->blob;
+    const float *sc = w->scales + (size_t)row * w->n_blocks;
+    row_zero_points(w, row, zps);
+    for (int blk = 0; blk < w->n_blocks; ++blk) {
+        const uint8_t *qb = q + (size_t)blk * w->blob;
+        float *o = out + (size_t)blk * w->block_size;
+        if (w->bits == 4)
+            dequant_block(qb, w->blob, 4, zps[blk], sc[blk], o);
+        else if (w->bits == 8)
+            dequant_block(qb, w->blob, 8, zps[blk], sc[blk], o);
+        else
+            dequant_block(qb, w->blob, 2, zps[blk], sc[blk], o);
+    }
+}
+
+/* --- decode: one row of a against every weight row -------------------------------------- */
+
+static float dot_portable(const float *x, const float *y, int len)
+{
+    float s = 0.0f;
+    for (int i = 0; i < len; ++i) s += x[i] * y[i];
+    return s;
+}
+
+/* Portable: dequantize one weight row into `scratch`, then a dot product. */
+static void gemv_portable(const nbits_weights *w, const float *a_pad, float *y, int row0,
+                          int row1, float *scratch, float *zps)
+{
+    int padded = w->n_blocks * w->block_size;
+    for (int r = row0; r < row1; ++r) {
+        dequant_row(w, r, scratch, zps);
+        y[r] = dot_portable(a_pad, scratch, padded);
+    }
+}
+
+#if defined(__x86_64__)
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 static inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static inline __m256 bytes_to_ps(__m128i bytes8)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8));
+}
+
+/* 4-bit codes, block_size a multiple of 32; a_perm holds a in nibble order: per 32 values,
+ * the 16 even-indexed ones (low nibbles) and then the 16 odd-indexed ones (high nibbles). */
+AVX2 static void gemv4_avx2(const nbits_weights *w, const float *a_perm, float *y, int row0,
+                            int row1, float *zps)
+{
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    int chunks = w->block_size / 32;
+    for (int r = row0; r < row1; ++r) {
+        const uint8_t *q = w->b + (size_t)r * w->n_blocks * w->blob;
+        const float *sc = w->scales + (size_t)r * w->n_blocks;
+        row_zero_points(w, r, zps);
+        __m256 acc = _mm256_setzero_ps();
+        const float *ap = a_perm;
+        for (int blk = 0; blk < w->n_blocks; ++blk) {
+            __m256 zp = _mm256_set1_ps(zps[blk]);
+            __m256 p0 = _mm256_setzero_ps(), p1 = _mm256_setzero_ps();
+            for (int c = 0; c < chunks; ++c, q += 16, ap += 32) {
+                __m128i bytes = _mm_loadu_si128((const __m128i *)q);
+                __m128i lo = _mm_and_si128(bytes, low4);
+                __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+                p0 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(lo), zp), _mm256_loadu_ps(ap), p0);
+                p1 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(_mm_srli_si128(lo, 8)), zp),
+                                     _mm256_loadu_ps(ap + 8), p1);
+                p0 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(hi), zp), _mm256_loadu_ps(ap + 16), p0);
+                p1 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(_mm_srli_si128(hi, 8)), zp),
+                                     _mm256_loadu_ps(ap + 24), p1);
+            }
+            acc = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(sc[blk]), acc);
+        }
+        y[r] = hsum256(acc);
+    }
+}
+
+/* 8-bit codes, block_size a multiple of 16; a in its own order. */
+AVX2 static void gemv8_avx2(const nbits_weights *w, const float *a_pad, float *y, int row0,
+                            int row1, float *zps)
+{
+    int chunks = w->block_size / 16;
+    for (int r = row0; r < row1; ++r) {
+        const uint8_t *q = w->b + (size_t)r * w->n_blocks * w->blob;
+        const float *sc = w->scales + (size_t)r * w->n_blocks;
+        row_zero_points(w, r, zps);
+        __m256 acc = _mm256_setzero_ps();
+        const float *ap = a_pad;
+        for (int blk = 0; blk < w->n_blocks; ++blk) {
+            __m256 zp = _mm256_set1_ps(zps[blk]);
+            __m256 p0 = _mm256_setzero_ps(), p1 = _mm256_setzero_ps();
+            for (int c = 0; c < chunks; ++c, q += 16, ap += 16) {
+                __m128i bytes = _mm_loadu_si128((const __m128i *)q);
+                p0 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(bytes), zp), _mm256_loadu_ps(ap), p0);
+                p1 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(_mm_srli_si128(bytes, 8)), zp),
+                                     _mm256_loadu_ps(ap + 8), p1);
+            }
+            acc = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(sc[blk]), acc);
+        }
+        y[r] = hsum256(acc);
+    }
+}
+
+/* Weight row `row` as floats (dequant_row's result) for 4-bit codes in blocks of a multiple
+ * of 32, or 8-bit codes in blocks of a multiple of 16. */
+AVX2 static void dequant_row_avx2(const nbits_weights *w, int row, float *out, float *zps)
+{
+    const uint8_t *q = w->b + (size_t)row * w->n_blocks * w->blob;
+    const float *sc = w->scales + (size_t)row * w->n_blocks;
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    row_zero_points(w, row, zps);
+    for (int blk = 0; blk < w->n_blocks; ++blk) {
+        __m256 zp = _mm256_set1_ps(zps[blk]), scale = _mm256_set1_ps(sc[blk]);
+        float *o = out + (size_t)blk * w->block_size;
+        if (w->bits == 4) {
+            for (int c = 0; c < w->block_size / 32; ++c, q += 16, o += 32) {
+                __m128i bytes = _mm_loadu_si128((const __m128i *)q);
+                __m128i lo = _mm_and_si128(bytes, low4);
+                __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+                __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
+                __m128i parts[4] = {first, _mm_srli_si128(first, 8), second,
+                                    _mm_srli_si128(second, 8)};
+                for (int p = 0; p < 4; ++p)
+                    _mm256_storeu_ps(o + 8 * p,
+                                     _mm256_mul_ps(_mm256_sub_ps(bytes_to_ps(parts[p]), zp), scale));
+            }
+        } else {
+            for (int c = 0; c < w->block_size / 16; ++c, q += 16, o += 16) {
+                __m128i bytes = _mm_loadu_si128((const __m128i *)q);
+                _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_sub_ps(bytes_to_ps(bytes), zp), scale));
+                _mm256_storeu_ps(o + 8, _mm256_mul_ps(
+                    _mm256_sub_ps(bytes_to_ps(_mm_srli_si128(bytes, 8)), zp), scale));
+            }
+        }
+    }
+}
+
+static int have_avx2(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return cached;
+}
+#endif
+
+enum gemv_path { PATH_PORTABLE = 0, PATH_AVX2_4BIT = 1, PATH_AVX2_8BIT = 2 };
+
+static int gemv_path(const nbits_weights *w, int allow_simd)
+{
+#if defined(__x86_64__)
+    if (allow_simd && have_avx2()) {
+        if (w->bits == 4 && w->block_size % 32 == 0)
+            return PATH_AVX2_4BIT;
+        if (w->bits == 8 && w->block_size % 16 == 0)
+            return PATH_AVX2_8BIT;
+    }
+#else
+    (void)w;
+    (void)allow_simd;
+#endif
+    return PATH_PORTABLE;
+}
+
+/* a's row, zero-padded to whole blocks, in the order the chosen path reads it. */
+static void arrange_a(const float *a, int k, int padded, int path, float *out)
+{
+    if (path == PATH_AVX2_4BIT) {
+        for (int i = 0; i < padded; ++i) {
+            int base = i / 32 * 32, j = i % 32;
+            int src = base + (j < 16 ? 2 * j : 2 * (j - 16) + 1);
+            out[i] = src < k ? a[src] : 0.0f;
+        }
+        return;
+    }
+    memcpy(out, a, (size_t)k * sizeof(float));
+    for (int i = k; i < padded; ++i) out[i] = 0.0f;
+}
+
+static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, int allow_simd)
+{
+    int padded = w->n_blocks * w->block_size, path = gemv_path(w, allow_simd);
+    float *a_arranged = malloc((size_t)padded * sizeof(float));
+    if (a_arranged == NULL)
+        return -1;
+    int status = 0;
+    int threads = threads_for((size_t)w->n * padded / 4);
+    for (int i = 0; i < m && status == 0; ++i) {
+        arrange_a(a + (size_t)i * w->k, w->k, padded, path, a_arranged);
+        float *yi = y + (size_t)i * w->n;
+        #pragma omp parallel num_threads(threads)
+        {
+            int t = omp_get_thread_num(), count = omp_get_num_threads();
+            int per = (w->n + count - 1) / count;
+            int row0 = t * per, row1 = row0 + per < w->n ? row0 + per : w->n;
+            float *zps = malloc((size_t)w->n_blocks * sizeof(float));
+            float *scratch = path == PATH_PORTABLE ? malloc((size_t)padded * sizeof(float)) : zps;
+            if (zps == NULL || scratch == NULL) {
+                #pragma omp atomic write
+                status = -1;
+            } else if (row0 < row1) {
+#if defined(__x86_64__)
+                if (path == PATH_AVX2_4BIT)
+                    gemv4_avx2(w, a_arranged, yi, row0, row1, zps);
+                else if (path == PATH_AVX2_8BIT)
+                    gemv8_avx2(w, a_arranged, yi, row0, row1, zps);
+                else
+#endif
+                    gemv_portable(w, a_arranged, yi, row0, row1, scratch, zps);
+            }
+            if (scratch != zps)
+                free(scratch);
+            free(zps);
+        }
+    }
+    free(a_arranged);
+    return status;
+}
+
+/* --- prefill: dequantized panels of weight rows, one BLAS GEMM each -------------------- */
+
+static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, int allow_simd)
+{
+    int padded = w->n_blocks * w->block_size, path = gemv_path(w, allow_simd);
+    int rows = PANEL_BYTES / (int)((size_t)padded * sizeof(float));
+    rows = rows < PANEL_MIN_ROWS ? PANEL_MIN_ROWS : rows;
+    int panels = (w->n + rows - 1) / rows;
+    double flops = 2.0 * m * w->n * w->k;
+    int threads = kernels_get_num_threads();
+    if (flops < (1 << 20) || panels < 2)
+        threads = 1;
+    else if (panels < threads)
+        threads = panels;
+    int status = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *panel = malloc((size_t)rows * padded * sizeof(float));
+        float *zps = malloc((size_t)w->n_blocks * sizeof(float));
+        if (panel == NULL || zps == NULL) {
+            #pragma omp atomic write
+            status = -1;
+        } else {
+            #pragma omp for schedule(static)
+            for (int p = 0; p < panels; ++p) {
+                int row0 = p * rows, count = w->n - row0 < rows ? w->n - row0 : rows;
+                for (int r = 0; r < count; ++r) {
+                    float *dst = panel + (size_t)r * padded;
+#if defined(__x86_64__)
+                    if (path != PATH_PORTABLE)
+                        dequant_row_avx2(w, row0 + r, dst, zps);
+                    else
+#endif
+                        dequant_row(w, row0 + r, dst, zps);
+                }
+                /* y[:, row0:row0+count] = a (m x k) @ panel^T; panel rows are padded past k */
+                gemm_block(0, 1, m, count, w->k, 1.0f, a, w->k, panel, padded, 0.0f,
+                           y + row0, w->n);
+            }
+        }
+        free(panel);
+        free(zps);
+    }
+    return status;
+}
+
+int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
+                     const uint8_t *zp_packed, const float *zp_float, const float *bias, float *y,
+                     int m, int n, int k, int bits, int block_size, int allow_simd)
+{
+    nbits_weights w = {b, scales, zp_packed, zp_float, n, k, bits, block_size, 0, 0, 0};
+    w.n_blocks = (k + block_size - 1) / block_size;
+    w.blob = block_size * bits / 8;
+    w.zp_row_bytes = (w.n_blocks * bits + 7) / 8;
+    if (m == 0 || n == 0)
+        return 0;
+    if (k == 0) {
+        for (size_t i = 0; i < (size_t)m * n; ++i) y[i] = 0.0f;
+    } else {
+        int status = m <= GEMV_MAX_ROWS ? gemv_rows(&w, a, m, y, allow_simd)
+                                        : gemm_panels(&w, a, m, y, allow_simd);
+        if (status != 0)
+            return status;
+    }
+    if (bias != NULL)
+        for (size_t i = 0; i < (size_t)m; ++i)
+            for (int j = 0; j < n; ++j) y[i * n + j] += bias[j];
+    return 0;
+}

@@ -1,0 +1,232 @@
+"""The MatMulNBits C kernel (csrc/matmul_nbits.c) against the reference op, by an error bound;
+a hand-checked product; onnxruntime's own quantizer output against onnxruntime's result.
+
+Error bound: no reference/agreement module exists yet, so the dot-product bound it is to hold
+is written here: |y - truth| <= C * K * u * sum_i |a_i w_i| + u * |truth| with u = 2^-24
+(float32's unit roundoff).  A K-term float32 dot product errs by at most about K * u * sum|a w|
+whatever its summation order; the last term covers rounding the result and the bias.  The
+truth is float64 over the float32 weights that the reference dequantizes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import optimized
+from optimized import cpu, kernels
+from reference import ReferenceEvaluator
+from reference.ops.contrib import matmul_nbits as reference_matmul_nbits
+
+U = 2.0**-24
+C = 2.0
+BLOCK_SIZES = [16, 32, 64, 128, 256]
+hsettings = settings(max_examples=60, deadline=None)
+
+
+def quantized(rng, n, k, bits, block_size, zero_points):
+    """Random packed codes, scales and zero points in MatMulNBits's layout; zero_points is
+    None, "packed" (uint8, each row padded to whole bytes) or "float"."""
+    blocks = (k + block_size - 1) // block_size
+    b = rng.integers(0, 256, (n, blocks, block_size * bits // 8), dtype=np.uint8)
+    scales = (rng.random(n * blocks, dtype=np.float32) + 0.05) * rng.choice([-1, 1], n * blocks)
+    scales = scales.astype(np.float32)
+    zp = None
+    if zero_points == "packed":
+        zp = rng.integers(0, 256, n * ((blocks * bits + 7) // 8), dtype=np.uint8)
+    elif zero_points == "float":
+        zp = (rng.random(n * blocks) * (2**bits - 1)).astype(np.float32)
+    return b, scales, zp
+
+
+def dequantized(b, scales, zp, k, n, bits, block_size):
+    """The reference op's float32 weights (N x K): its product with the identity is exact."""
+    eye = np.eye(k, dtype=np.float32)
+    return reference_matmul_nbits(eye, b, scales, zp, K=k, N=n, bits=bits,
+                                  block_size=block_size).T.astype(np.float64)
+
+
+def assert_within_bound(got, a, w, bias=None):
+    a64 = a.astype(np.float64).reshape(-1, w.shape[1])
+    truth = a64 @ w.T + (0.0 if bias is None else bias.astype(np.float64))
+    bound = C * w.shape[1] * U * (np.abs(a64) @ np.abs(w).T) + U * np.abs(truth)
+    err = np.abs(got.reshape(truth.shape).astype(np.float64) - truth)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert np.all(err <= bound), (
+        f"error {err[worst]:.3g} exceeds bound {bound[worst]:.3g} at {worst}")
+
+
+@hsettings
+@given(m=st.one_of(st.integers(1, 4), st.integers(5, 40)), n=st.integers(1, 70),
+       k=st.integers(1, 300), bits=st.sampled_from([2, 4, 8]),
+       block_size=st.sampled_from(BLOCK_SIZES),
+       zero_points=st.sampled_from([None, "packed", "float"]), with_bias=st.booleans(),
+       simd=st.booleans(), threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_against_reference(m, n, k, bits, block_size, zero_points, with_bias, simd, threads,
+                           seed):
+    rng = np.random.default_rng(seed)
+    b, scales, zp = quantized(rng, n, k, bits, block_size, zero_points)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32) if with_bias else None
+    kernels.set_num_threads(threads)
+    try:
+        got = kernels.matmul_nbits(a, b, scales, zp, bias, k=k, n=n, bits=bits,
+                                   block_size=block_size, simd=simd)
+    finally:
+        kernels.set_num_threads(kernels._available_cpus())
+    assert got.shape == (m, n) and got.dtype == np.float32
+    assert_within_bound(got, a, dequantized(b, scales, zp, k, n, bits, block_size), bias)
+
+
+@pytest.mark.parametrize("m", [1, 2, 48], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("bits,block_size", [(4, 32), (4, 128), (8, 64), (4, 16)])
+def test_many_panels_and_threads(m, bits, block_size):
+    """Large enough for several dequantized panels split across two threads (prefill) and for
+    the decode loop's split over N; K is not a multiple of the block size."""
+    rng = np.random.default_rng(m * block_size)
+    n, k = 300, 3 * block_size + 7
+    b, scales, zp = quantized(rng, n, k, bits, block_size, "packed")
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    kernels.set_num_threads(2)
+    try:
+        got = kernels.matmul_nbits(a, b, scales, zp, k=k, n=n, bits=bits, block_size=block_size)
+    finally:
+        kernels.set_num_threads(kernels._available_cpus())
+    assert_within_bound(got, a, dequantized(b, scales, zp, k, n, bits, block_size))
+
+
+@pytest.mark.parametrize("simd", [True, False])
+def test_hand_checked(simd):
+    """Codes 1, 2, 3 (low nibble first), zero point 8 by default, scale 0.5: weights -3.5, -3,
+    -2.5; a = (1, 2, 4) gives -3.5 - 6 - 10 = -19.5, plus bias 0.25."""
+    b = np.zeros((1, 1, 8), np.uint8)
+    b[0, 0, :2] = [0x21, 0x03]
+    y = kernels.matmul_nbits(np.array([[1, 2, 4]], np.float32), b, np.array([0.5], np.float32),
+                             bias=np.array([0.25], np.float32), k=3, n=1, bits=4, block_size=16,
+                             simd=simd)
+    assert y.tolist() == [[-19.25]]
+
+
+def test_packed_zero_points_take_the_high_nibble_for_odd_blocks():
+    """Row 0's zero points are 3 (block 0, low nibble) and 5 (block 1, high nibble); codes are
+    all 4 and a all ones with scales 1: y = 16 * (4 - 3) + 16 * (4 - 5) + extra block 2."""
+    k, bs = 40, 16  # three blocks, the last one partly padding
+    b = np.full((1, 3, 8), 0x44, np.uint8)
+    zp = np.array([0x53, 0x07], np.uint8)  # block 2's zero point 7, in the padded second byte
+    y = kernels.matmul_nbits(np.ones((1, k), np.float32), b, np.ones(3, np.float32), zp,
+                             k=k, n=1, bits=4, block_size=bs)
+    assert y.tolist() == [[16 * 1 + 16 * -1 + 8 * -3]]
+
+
+def test_rank3_input_keeps_its_leading_axes():
+    rng = np.random.default_rng(1)
+    b, scales, zp = quantized(rng, 24, 64, 4, 32, None)
+    a = rng.standard_normal((2, 3, 64), dtype=np.float32)
+    y = kernels.matmul_nbits(a, b, scales, k=64, n=24, block_size=32)
+    assert y.shape == (2, 3, 24)
+    assert_within_bound(y, a, dequantized(b, scales, zp, 64, 24, 4, 32))
+
+
+@pytest.mark.parametrize("change,error", [
+    (dict(b=np.zeros(10, np.uint8)), "B must hold 256 bytes"),
+    (dict(b=np.zeros(256, np.int8)), "B must be a uint8"),
+    (dict(scales=np.ones(3, np.float32)), "scales must hold"),
+    (dict(zero_points=np.zeros(3, np.uint8)), "zero_points must hold 8 bytes"),
+    (dict(zero_points=np.zeros(3, np.float32)), r"float zero_points must hold N \* blocks = 16"),
+    (dict(bias=np.zeros(3, np.float32)), "bias must have shape"),
+    (dict(block_size=48), "power of 2"),
+    (dict(bits=3), "bits must be 2, 4 or 8"),
+    (dict(a=np.zeros((1, 63), np.float32)), "last axis must be K=64"),
+])
+def test_bad_arguments_are_named(change, error):
+    args = dict(a=np.zeros((1, 64), np.float32), b=np.zeros((8, 2, 16), np.uint8),
+                scales=np.ones(16, np.float32), zero_points=None, bias=None, k=64, n=8, bits=4,
+                block_size=32)
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=error):
+        kernels.matmul_nbits(args.pop("a"), args.pop("b"), args.pop("scales"),
+                             args.pop("zero_points"), args.pop("bias"), **args)
+
+
+def test_provider_leaves_reordered_groups_to_the_reference():
+    """A g_idx that is not the plain block order falls back; the plain one runs the kernel."""
+    rng = np.random.default_rng(2)
+    b, scales, _ = quantized(rng, 8, 64, 4, 32, None)
+    a = rng.standard_normal((1, 64), dtype=np.float32)
+    attrs = dict(K=64, N=8, bits=4, block_size=32)
+    plain = np.arange(64, dtype=np.int32) // 32
+    assert cpu.matmul_nbits(a, b, scales, None, plain, **attrs) is not NotImplemented
+    assert cpu.matmul_nbits(a, b, scales, None, plain[::-1].copy(), **attrs) is NotImplemented
+    assert cpu.matmul_nbits(a.astype(np.float16), b, scales, **attrs) is NotImplemented
+
+
+# onnxruntime's quantizer -------------------------------------------------------------------------
+def matmul_model(k, n, rng):
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
+        [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("m", [1, 7])
+@pytest.mark.parametrize("bits,block_size,symmetric",
+                         [(4, 32, True), (4, 32, False), (4, 128, False), (8, 64, False),
+                          (4, 16, True)])
+def test_onnxruntime_quantizer_output(m, bits, block_size, symmetric):
+    """A MatMul quantized by onnxruntime's MatMulNBitsQuantizer runs through our session at
+    level 99 like onnxruntime runs it (the error bound over the reference's weights), and the
+    model really holds a MatMulNBits node in the form asked for."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    rng = np.random.default_rng(bits * block_size + m)
+    k, n = 200, 48  # K not a multiple of 32, 64 or 128
+    quantizer = MatMulNBitsQuantizer(matmul_model(k, n, rng), bits=bits, block_size=block_size,
+                                     is_symmetric=symmetric)
+    quantizer.process()
+    model = quantizer.model.model
+    [node] = model.graph.node
+    assert node.op_type == "MatMulNBits" and len(node.input) == (3 if symmetric else 4)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    b, scales = inits[node.input[1]], inits[node.input[2]]
+    zp = inits[node.input[3]] if len(node.input) > 3 else None
+
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    options = optimized.SessionOptions()
+    options.graph_optimization_level = optimized.GraphOptimizationLevel.ORT_ENABLE_ALL
+    ours = optimized.InferenceSession(model.SerializeToString(), options).run(None, {"a": a})[0]
+    theirs = ort.InferenceSession(model.SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
+    w = dequantized(b, scales, zp, k, n, bits, block_size)
+    assert_within_bound(ours, a, w)
+    # onnxruntime against the same truth, with the same bound: both read the weights alike
+    assert_within_bound(theirs, a, w)
+    reference = ReferenceEvaluator(model).run(None, {"a": a})[0]
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_session_runs_the_fast_kernel(monkeypatch):
+    """The CPU provider picks the C kernel for MatMulNBits (checked by counting its calls)."""
+    rng = np.random.default_rng(3)
+    model = matmul_model(64, 16, rng)
+    b, scales, _ = quantized(rng, 16, 64, 4, 32, None)
+    node = helper.make_node("MatMulNBits", ["a", "b", "s"], ["y"], domain="com.microsoft",
+                            K=64, N=16, bits=4, block_size=32)
+    graph = helper.make_graph([node], "g", list(model.graph.input), list(model.graph.output),
+                              [numpy_helper.from_array(b, "b"), numpy_helper.from_array(scales, "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    calls = []
+    real = kernels.matmul_nbits
+    monkeypatch.setattr(kernels, "matmul_nbits", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    a = rng.standard_normal((2, 64), dtype=np.float32)
+    y = optimized.InferenceSession(model.SerializeToString()).run(None, {"a": a})[0]
+    assert calls, "MatMulNBits ran as the reference op"
+    assert_within_bound(y, a, dequantized(b, scales, None, 64, 16, 4, 32))
+    onnx.checker.check_model(model)
