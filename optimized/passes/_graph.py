@@ -191,6 +191,36 @@ def only_reader(uses, graph_outputs, name):
     return readers[0]
 
 
+def private_values(pattern, results, uses, graph_outputs) -> bool:
+    """Every value the nodes of `pattern` make, except those named in `results`, is read by
+    nodes of the pattern alone and is no graph output: the pattern may be replaced whole."""
+    inside = {id(n) for n in pattern}
+    for node in pattern:
+        for name in node.output:
+            if not name or name in results:
+                continue
+            if name in graph_outputs or any(id(r) not in inside for r in uses.get(name, [])):
+                return False
+    return True
+
+
+def reads_type_only(node, name) -> bool:
+    """`node` reads `name` only for its element type: CastLike(other, name)."""
+    return node.op_type == "CastLike" and node.domain in ("", "ai.onnx") and (
+        list(node.input[1:2]) == [name] and node.input[0] != name)
+
+
+def scalar_through_cast(constants: Constants, made_by: dict, name: str):
+    """`scalar`, also for a constant that reaches `name` through Cast or CastLike (the dynamo
+    exporter writes CastLike(constant, x) so a literal takes x's type)."""
+    value = scalar(constants, name)
+    node = made_by.get(name)
+    if value is None and node is not None and node.op_type in ("Cast", "CastLike") and (
+            node.domain in ("", "ai.onnx")):
+        value = scalar(constants, node.input[0])
+    return value
+
+
 def splice(nodes: list, old: list, new: list) -> list:
     """`nodes` with `old` replaced by `new`, placed where the last of `old` stood."""
     ids = {id(n) for n in old}
@@ -260,7 +290,8 @@ def _without_weights(model):
     weights = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
                for i in graph.initializer
                if np.prod(i.dims, dtype=np.int64) > SMALL_CONSTANT and i.name not in declared]
-    nodes = [stand_in for node in graph.node for stand_in in _shape_stand_ins(node)]
+    opset = opset_version(model)
+    nodes = [stand_in for node in graph.node for stand_in in _shape_stand_ins(node, opset)]
     light_graph = helper.make_graph(nodes, graph.name, list(graph.input) + weights,
                                     list(graph.output), small, value_info=list(graph.value_info))
     return helper.make_model(light_graph, opset_imports=list(model.opset_import),
@@ -268,9 +299,13 @@ def _without_weights(model):
                              ir_version=max(model.ir_version, 4))
 
 
-def _shape_stand_ins(node) -> list:
+def _shape_stand_ins(node, opset=0) -> list:
     """onnx knows no com.microsoft op, so shape inference would stop at the fused nodes the
-    passes write: for shapes only, each stands in as the ai.onnx nodes with the same shapes."""
+    passes write: for shapes only, each stands in as the ai.onnx nodes with the same shapes.
+    The same holds for the ai.onnx LayerNormalization layer_norm_fusion writes before opset 17
+    (onnxruntime registers it from version 1, onnx from 17)."""
+    if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx") and opset < 17:
+        return [helper.make_node("Identity", [node.input[0]], [node.output[0]])]
     if node.domain != MS_DOMAIN:
         return [node]
     kept = {"FusedConv": ("Conv", {"auto_pad", "dilations", "group", "kernel_shape", "pads",

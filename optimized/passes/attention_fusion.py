@@ -4,6 +4,10 @@
     scores = MatMul(q, k^T) scaled by Div/Mul  (+ additive mask)  -> Softmax -> MatMul(., v)
     out    = Transpose [B, S, N, H] -> Reshape [B, S, N*H]
 
+K^T is one Transpose(0, 2, 3, 1) or Transpose(0, 2, 1, 3) then (0, 1, 3, 2). The scale is on
+the scores, or split between Q and K^T as Mul by constants (torch's scaled_dot_product_attention
+export multiplies both by sqrt(scale)); the fused scale is their product.
+
 becomes one com.microsoft MultiHeadAttention(q, k, v, attention_bias=mask) with num_heads and
 scale, as onnxruntime's contrib operator docs define it. The projections stay as they are. A
 padding mask of shape (B|1, 1, 1, T) is expanded to one row per query first, for attention_bias
@@ -106,16 +110,17 @@ class _Matcher:
     def match(self, softmax):
         if not self._last_axis_softmax(softmax):
             return None
-        scaled, mask, mask_add = self._scores(softmax)
-        if scaled is None:
+        logits, mask, mask_add = self._scores(softmax)
+        if logits is None:
             return None
-        qk = self.producer(scaled.input[0], "MatMul", scaled)
-        scale = scalar(self.constants, scaled.input[1])
-        if qk is None or not scale:
+        qk, scale_nodes, scale = self._unscaled(logits)
+        if qk is None:
             return None
-        scale = 1.0 / scale if scaled.op_type == "Div" else scale
-        q = self._split_heads(qk.input[0], qk, key=False)
-        k = self._split_heads(qk.input[1], qk, key=True)
+        q_name, q_scaled, q_factor = self._peel_scale(qk.input[0], qk)
+        k_name, k_scaled, k_factor = self._peel_scale(qk.input[1], qk)
+        scale *= q_factor * k_factor
+        q = self._split_heads(q_name, (q_scaled or [qk])[0], key=False)
+        k = self._split_heads(k_name, (k_scaled or [qk])[0], key=True)
         weighted = self.reader(softmax, "MatMul")
         if q is None or k is None or weighted is None or weighted.input[0] != softmax.output[0]:
             return None
@@ -134,9 +139,34 @@ class _Matcher:
             query_rows = self._mask_rows(mask, qk.output[0], q_in)
             if query_rows is None:
                 return None
-        pattern = q_nodes + k_nodes + v_nodes + [qk, scaled] + mask_add + [softmax, weighted]
+        pattern = (q_nodes + q_scaled + k_nodes + k_scaled + v_nodes + [qk] + scale_nodes
+                   + mask_add + [softmax, weighted])
         inputs = [q_in, k_in, v_in, "", "", mask or ""]
         return pattern + merged, inputs, merged[-1].output[0], heads, scale, query_rows
+
+    def _unscaled(self, logits):
+        """(the MatMul of Q and K^T, [the node scaling its product], the scale) for the logits
+        node: Div(MatMul, c), Mul(MatMul, c) in either order, or the MatMul itself (when the
+        scale went onto Q and K^T, as torch's scaled_dot_product_attention export writes it)."""
+        if logits.op_type == "MatMul":
+            return logits, [], 1.0
+        for i in ((0,) if logits.op_type == "Div" else (0, 1)):
+            qk = self.producer(logits.input[i], "MatMul", logits)
+            value = scalar(self.constants, logits.input[1 - i])
+            if qk is not None and value:
+                return qk, [logits], 1.0 / value if logits.op_type == "Div" else value
+        return None, [], 0.0
+
+    def _peel_scale(self, name, reader):
+        """(the value before, [the Mul], its factor) when `name` is Mul(value, constant) read by
+        `reader` alone, else (name, [], 1.0)."""
+        mul = self.producer(name, "Mul", reader)
+        if mul is not None:
+            for i in (0, 1):
+                value = scalar(self.constants, mul.input[1 - i])
+                if value and self.made_by.get(mul.input[i]) is not None:
+                    return mul.input[i], [mul], value
+        return name, [], 1.0
 
     def _last_axis_softmax(self, softmax) -> bool:
         axis = attr(softmax, "axis", -1 if self.opset >= 13 else 1)
@@ -144,20 +174,31 @@ class _Matcher:
             self.shapes.elem_type(softmax.input[0]) == onnx.TensorProto.FLOAT)
 
     def _scores(self, softmax):
-        """(the scaling node, the additive mask or None, [the mask Add] or [])."""
+        """(the node making the unmasked logits, the additive mask or None, [the mask Add]
+        or [])."""
         source = self.made_by.get(softmax.input[0])
         if source is None or only_reader(self.uses, self.outputs, softmax.input[0]) is not softmax:
             return None, None, []
-        if source.op_type in ("Div", "Mul") and source.domain in ("", "ai.onnx"):
+        if self._logits(source) is not None:
             return source, None, []
         if source.op_type != "Add" or source.domain not in ("", "ai.onnx"):
             return None, None, []
         for i in (0, 1):
-            for op_type in ("Div", "Mul"):
-                scaled = self.producer(source.input[i], op_type, source)
-                if scaled is not None and self.made_by.get(scaled.input[0]) is not None:
-                    return scaled, source.input[1 - i], [source]
+            logits = self._logits(self.made_by.get(source.input[i]))
+            if logits is not None and only_reader(
+                    self.uses, self.outputs, source.input[i]) is source:
+                return logits, source.input[1 - i], [source]
         return None, None, []
+
+    def _logits(self, node):
+        """`node` when it makes Q K^T, scaled or not, else None."""
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "MatMul":
+            return node
+        if node.op_type in ("Div", "Mul") and self._unscaled(node)[0] is not None:
+            return node
+        return None
 
     def _split_heads(self, name, reader, key):
         """(the [B, S, N*H] input, the nodes, N, H) for Reshape + Transpose(s) ending at `name`."""

@@ -3,7 +3,10 @@
     exact:  0.5 * x * (1 + Erf(x / sqrt(2)))                               -> com.microsoft Gelu
     tanh:   0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))       -> com.microsoft FastGelu
 
-From opset 20 both become ai.onnx Gelu (approximate "none" / "tanh").
+From opset 20 both become ai.onnx Gelu (approximate "none" / "tanh"). Every Mul and Add is
+matched in either operand order; x / sqrt(2) also as x * (1 / sqrt(2)); x^3 as Pow(x, 3) or
+Mul(x, Mul(x, x)) (TorchScript's tanh Gelu); the 0.5 on x, on the product, or on (1 + ...)
+(onnxruntime's three erf patterns); constants also through Cast/CastLike (the dynamo exporter).
 """
 from __future__ import annotations
 
@@ -20,10 +23,10 @@ from ._graph import (
     ensure_opset,
     graph_output_names,
     is_close,
-    only_reader,
     opset_version,
     producers,
-    scalar,
+    reads_type_only,
+    scalar_through_cast,
     set_nodes,
     splice,
 )
@@ -64,9 +67,17 @@ class _Context:
         self.uses, self.outputs, self.made_by, self.constants = uses, outputs, made_by, constants
 
     def reader(self, node, op_type):
-        """The only reader of node's output, if it is an ai.onnx `op_type`."""
-        r = only_reader(self.uses, self.outputs, node.output[0])
-        return r if r is not None and r.op_type == op_type and r.domain in ("", "ai.onnx") else None
+        """The only reader of node's output (CastLike reading its type aside), if it is an
+        ai.onnx `op_type`."""
+        name = node.output[0]
+        readers = [r for r in self.uses.get(name, []) if not reads_type_only(r, name)]
+        if name in self.outputs or len(readers) != 1:
+            return None
+        r = readers[0]
+        return r if r.op_type == op_type and r.domain in ("", "ai.onnx") else None
+
+    def scalar(self, name):
+        return scalar_through_cast(self.constants, self.made_by, name)
 
     def producer(self, name, op_type):
         p = self.made_by.get(name)
@@ -77,7 +88,7 @@ class _Context:
         if node is None or len(node.input) != 2:
             return None
         for i in (0, 1):
-            if is_close(scalar(self.constants, node.input[i]), value, rel=1e-3):
+            if is_close(self.scalar(node.input[i]), value, rel=1e-3):
                 return node.input[1 - i]
         return None
 
@@ -86,8 +97,7 @@ def _match_erf(erf, ctx):
     scaled = ctx.made_by.get(erf.input[0])
     if scaled is None or ctx.reader(scaled, "Erf") is not erf:
         return None
-    if scaled.op_type == "Div" and is_close(scalar(ctx.constants, scaled.input[1]),
-                                            math.sqrt(2.0)):
+    if scaled.op_type == "Div" and is_close(ctx.scalar(scaled.input[1]), math.sqrt(2.0)):
         x = scaled.input[0]
     elif scaled.op_type == "Mul":
         x = ctx.split_constant(scaled, 1.0 / math.sqrt(2.0))
@@ -105,14 +115,28 @@ def _match_tanh(tanh, ctx):
         return None
     for x, cubic_term in (list(inner.input), list(inner.input)[::-1]):
         cubic_scaled = ctx.producer(cubic_term, "Mul")
-        cube = ctx.producer(ctx.split_constant(cubic_scaled, 0.044715) or "", "Pow")
-        if cube is None or cube.input[0] != x or scalar(ctx.constants, cube.input[1]) != 3.0:
+        cube = _cube(ctx.split_constant(cubic_scaled, 0.044715) or "", x, ctx)
+        if cube is None or ctx.reader(cube[-1], "Mul") is not cubic_scaled or ctx.reader(
+                cubic_scaled, "Add") is not inner:
             continue
-        if ctx.reader(cube, "Mul") is not cubic_scaled or ctx.reader(cubic_scaled,
-                                                                      "Add") is not inner:
-            continue
-        return _tail(x, [cube, cubic_scaled, inner, scaled, tanh], ctx)
+        return _tail(x, cube + [cubic_scaled, inner, scaled, tanh], ctx)
     return None
+
+
+def _cube(name, x, ctx):
+    """The nodes making `name` = x^3: Pow(x, 3), or Mul(x, Mul(x, x)) in either order."""
+    pow_node = ctx.producer(name, "Pow")
+    if pow_node is not None:
+        if pow_node.input[0] == x and ctx.scalar(pow_node.input[1]) == 3.0:
+            return [pow_node]
+        return None
+    outer = ctx.producer(name, "Mul")
+    if outer is None or x not in outer.input:
+        return None
+    square = ctx.producer(outer.input[1] if outer.input[0] == x else outer.input[0], "Mul")
+    if square is None or list(square.input) != [x, x] or ctx.reader(square, "Mul") is not outer:
+        return None
+    return [square, outer]
 
 
 def _tail(x, pattern, ctx):
@@ -129,6 +153,11 @@ def _tail(x, pattern, ctx):
         if half is None or ctx.split_constant(half, 0.5) != product.output[0]:
             return None
         return pattern + [plus_one, product, half], x, half.output[0]
+    if ctx.split_constant(product, 0.5) == plus_one.output[0]:  # x * ((1 + ...) * 0.5)
+        outer = ctx.reader(product, "Mul")
+        if outer is None or sorted(outer.input) != sorted([x, product.output[0]]):
+            return None
+        return pattern + [plus_one, product, outer], x, outer.output[0]
     half = ctx.producer(other, "Mul")  # (x * 0.5) * (1 + ...)
     if half is None or ctx.split_constant(half, 0.5) != x or ctx.reader(half, "Mul") is not product:
         return None

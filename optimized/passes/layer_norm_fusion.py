@@ -1,15 +1,32 @@
-"""LayerNormalization fusion for the decomposed form exporters write:
+"""LayerNormalization fusion for the decomposed forms exporters write. All start alike:
 
-    mean = ReduceMean(x)            d = Sub(x, mean)
-    var  = ReduceMean(Pow(d, 2))    y = Div(d, Sqrt(Add(var, eps))) * gamma + beta
+    mean = ReduceMean(x)    d = Sub(x, mean)    var = ReduceMean(Pow(d, 2) | Mul(d, d))
+    std  = Sqrt(Add(var, eps))
 
-becomes ai.onnx LayerNormalization-17 when the model imports opset 17 or later. Earlier opsets
-have no such op; there, when x is the residual sum Add(a, b) of two 3-D tensors, the whole
-becomes com.microsoft SkipLayerNormalization (whose fourth output is that sum), as onnxruntime
-writes it, and otherwise the pattern stays.
+and end in one of two ways:
+
+    torch.onnx (TorchScript below opset 17, dynamo, hand-written modules):
+        normed = Div(d, std) | Mul(d, Reciprocal(std))      y = normed [* gamma] [+ beta]
+    tf2onnx / keras2onnx (tf.nn.moments + tf.nn.batch_normalization):
+        inv = Reciprocal(std) [* gamma]                    y = x * inv + (beta - mean * inv)
+                                                             (or + Neg(mean * inv) without beta)
+
+Multiplications and additions are matched in either operand order, constants also when they
+come through Cast/CastLike. A float16/bfloat16 x cast up to float32 before the pattern and
+cast back after it fuses with the casts, for LayerNormalization computes in float32 itself.
+
+The result is ai.onnx LayerNormalization-17 when the model imports opset 17 or later. Earlier
+opsets have no such op in onnx: there, when x is the residual sum Add(a, b) of two 3-D
+tensors, the whole becomes com.microsoft SkipLayerNormalization (whose fourth output is that
+sum), and otherwise ai.onnx LayerNormalization as onnxruntime's optimizer writes it (onnxruntime
+and the reference register it from version 1; onnx's checker does not know it there).
+A pattern any of whose intermediate values is read outside it, or is a graph output, stays.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -17,60 +34,102 @@ from ._graph import (
     MS_DOMAIN,
     Constants,
     Shapes,
+    add_initializer,
     attr,
     consumers,
     copy_model,
     ensure_opset,
     graph_output_names,
-    only_reader,
     opset_version,
+    private_values,
     producers,
-    scalar,
+    reads_type_only,
+    scalar_through_cast,
     set_nodes,
     splice,
 )
+
+LOW_PRECISION = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+class LayerNorm(NamedTuple):
+    nodes: list       # every node the fused one replaces
+    x: str            # the normalized input (before any cast up to float32)
+    scale: object     # constant name or numpy array (a new constant), None for ones
+    bias: object      # constant name or numpy array, or None
+    epsilon: float
+    axis: int
+    y: str
 
 
 def fuse_layer_norm(model: onnx.ModelProto) -> onnx.ModelProto:
     model = copy_model(model)
     graph = model.graph
-    shapes, constants = Shapes(model), Constants(graph)
-    uses, outputs, made_by = consumers(graph), graph_output_names(graph), producers(graph)
-    opset = opset_version(model)
+    view = _View(model)
     nodes = list(graph.node)
     used_ms = False
     absorbed: set[int] = set()  # residual Adds already inside a SkipLayerNormalization
+    fused: set[int] = set()
     for mean in list(nodes):
         if mean.op_type != "ReduceMean" or mean.domain not in ("", "ai.onnx"):
             continue
-        match = _match(mean, uses, outputs, constants, shapes, opset)
-        if match is None:
+        match = _match(mean, view)
+        if match is None or any(id(n) in fused for n in match.nodes):
             continue
-        pattern, x, gamma, beta, eps, axis = match
-        if opset >= 17:
-            new = [helper.make_node("LayerNormalization", [x, gamma, beta], [pattern[-1].output[0]],
-                                    name=mean.name or pattern[-1].name, axis=axis, epsilon=eps)]
-        else:
-            skip = _skip_sum(made_by.get(x), shapes, axis)
-            if skip is None or id(skip) in absorbed or _read_early(nodes, uses.get(x, []),
-                                                                   pattern):
-                continue
+        pattern = list(match.nodes)
+        scale = _constant_name(graph, match.scale, "layer_norm_scale")
+        bias = _constant_name(graph, match.bias, "layer_norm_bias")
+        skip = None if view.opset >= 17 else _skip_sum(view.made_by.get(match.x), view,
+                                                      match.axis)
+        if skip is not None and id(skip) not in absorbed and not _read_early(
+                nodes, view.uses.get(match.x, []), pattern):
             absorbed.add(id(skip))
-            new, old_sum = _skip_layer_norm(skip, pattern, gamma, beta, eps, uses, outputs)
-            pattern = pattern + old_sum
+            new = _skip_layer_norm(skip, match, scale, bias, view)
+            pattern.append(skip)
             used_ms = True
-        nodes = splice(nodes, pattern, new)
+        else:
+            inputs = [match.x, scale] + ([bias] if bias else [])
+            new = helper.make_node("LayerNormalization", inputs, [match.y],
+                                   name=mean.name or match.y, axis=match.axis,
+                                   epsilon=match.epsilon)
+        fused.update(id(n) for n in pattern)
+        nodes = splice(nodes, pattern, [new])
     set_nodes(graph, nodes)
     if used_ms:
         ensure_opset(model, MS_DOMAIN, 1)
     return model
 
 
-def _reader(uses, outputs, node, op_type):
-    reader = only_reader(uses, outputs, node.output[0])
-    if reader is None or reader.op_type != op_type or reader.domain not in ("", "ai.onnx"):
-        return None
-    return reader
+class _View:
+    """What the matcher reads of the graph, computed once per pass."""
+
+    def __init__(self, model):
+        graph = model.graph
+        self.shapes, self.constants = Shapes(model), Constants(graph)
+        self.uses, self.outputs = consumers(graph), graph_output_names(graph)
+        self.made_by = producers(graph)
+        self.opset = opset_version(model)
+
+    def readers(self, name, op_type):
+        return [n for n in self.uses.get(name, [])
+                if n.op_type == op_type and n.domain in ("", "ai.onnx")]
+
+    def only(self, name, op_type):
+        """The one reader of `name` (CastLike reading its type aside), if it is an ai.onnx
+        `op_type`."""
+        readers = [r for r in self.uses.get(name, []) if not reads_type_only(r, name)]
+        if name in self.outputs or len(readers) != 1:
+            return None
+        r = readers[0]
+        return r if r.op_type == op_type and r.domain in ("", "ai.onnx") else None
+
+    def type_readers(self, nodes):
+        """The CastLike nodes that take the type of a value `nodes` make."""
+        made = {o for n in nodes for o in n.output}
+        return [r for name in made for r in self.uses.get(name, []) if reads_type_only(r, name)]
+
+    def scalar(self, name):
+        return scalar_through_cast(self.constants, self.made_by, name) if name else None
 
 
 def _other(node, name):
@@ -80,82 +139,209 @@ def _other(node, name):
     return node.input[1] if node.input[0] == name else node.input[0]
 
 
-def _match(mean, uses, outputs, constants, shapes, opset):
+def _match(mean, view):
     x = mean.input[0]
-    axes = _axes(mean, constants, opset)
-    rank = shapes.rank(x)
-    if axes is None or rank is None or attr(mean, "keepdims", 1) != 1:
+    axes = _trailing_axes(mean, view, view.shapes.rank(x))
+    if axes is None:
         return None
-    axes = sorted(a + rank if a < 0 else a for a in axes)
-    if axes != list(range(axes[0], rank)):
-        return None  # LayerNormalization normalizes over trailing axes only
-    sub = _reader(uses, outputs, mean, "Sub")
-    if sub is None or list(sub.input) != [x, mean.output[0]]:
+    sub = next((n for n in view.readers(mean.output[0], "Sub")
+                if list(n.input) == [x, mean.output[0]]), None)
+    if sub is None:
         return None
-    readers = uses.get(sub.output[0], [])
-    if sub.output[0] in outputs or len(readers) != 2:
+    d = sub.output[0]
+    square = _square(d, view)
+    var = view.only(square.output[0], "ReduceMean") if square is not None else None
+    if var is None or _trailing_axes(var, view, view.shapes.rank(x)) != axes:
         return None
-    square = next((n for n in readers if n.op_type == "Pow"), None)
-    div = next((n for n in readers if n.op_type == "Div"), None)
-    if square is None or div is None or square.input[0] != sub.output[0] or (
-            scalar(constants, square.input[1]) != 2.0) or div.input[0] != sub.output[0]:
+    add_eps = view.only(var.output[0], "Add")
+    eps = view.scalar(_other(add_eps, var.output[0])) if add_eps is not None else None
+    sqrt = view.only(add_eps.output[0], "Sqrt") if eps is not None and eps >= 0 else None
+    if sqrt is None:
         return None
-    var = _reader(uses, outputs, square, "ReduceMean")
-    if var is None or _axes(var, constants, opset) is None or attr(var, "keepdims", 1) != 1:
+    normalized = view.shapes.shape(x)[axes[0]:]  # leading axes may be symbolic, these may not
+    if not all(isinstance(n, int) for n in normalized):
         return None
-    if sorted(a + rank if a < 0 else a for a in _axes(var, constants, opset)) != axes:
+    core = [mean, sub, square, var, add_eps, sqrt]
+    tail = _divided(d, sqrt, view, _low_precision_source(x, view)) or _moments_tail(
+        x, mean, sqrt, view)
+    if tail is None:
         return None
-    add_eps = _reader(uses, outputs, var, "Add")
-    eps = scalar(constants, _other(add_eps, var.output[0])) if add_eps else None
-    sqrt = _reader(uses, outputs, add_eps, "Sqrt") if eps is not None else None
-    if sqrt is None or _reader(uses, outputs, sqrt, "Div") is not div or div.input[1] != (
-            sqrt.output[0]):
-        return None
-    mul = _reader(uses, outputs, div, "Mul")
-    add = _reader(uses, outputs, mul, "Add") if mul is not None else None
-    if add is None:
-        return None
-    normalized = shapes.shape(x)[axes[0]:]  # leading axes may be symbolic, these may not
-    if not all(isinstance(d, int) for d in normalized):
-        return None
-    gamma = _affine(constants, _other(mul, div.output[0]), normalized)
-    beta = _affine(constants, _other(add, mul.output[0]), normalized)
-    if gamma is None or beta is None or gamma.dtype != beta.dtype:
-        return None
-    if shapes.elem_type(x) != onnx.helper.np_dtype_to_tensor_dtype(gamma.dtype):
-        return None
-    pattern = [mean, sub, square, var, add_eps, sqrt, div, mul, add]
-    names = (_other(mul, div.output[0]), _other(add, mul.output[0]))
-    return pattern, x, names[0], names[1], eps, axes[0]
+    tail_nodes, scale, bias, y = tail
+    return _finish(core + tail_nodes, x, scale, bias, eps, axes[0], y, view, normalized)
 
 
-def _axes(node, constants, opset):
-    if opset >= 18:
+def _trailing_axes(node, view, rank):
+    """The reduced axes of a keepdims ReduceMean, when they are the trailing ones, else None."""
+    if rank is None or attr(node, "keepdims", 1) != 1:
+        return None
+    if view.opset >= 18:
         if len(node.input) < 2 or not node.input[1]:
             return None  # no axes: all of them, or none with noop_with_empty_axes
-        value = constants.get(node.input[1])
-        return None if value is None else [int(a) for a in value.reshape(-1)]
-    axes = attr(node, "axes")
-    return None if axes is None else list(axes)
-
-
-def _affine(constants, name, normalized):
-    """A constant scale/bias with exactly the normalized shape (leading 1s dropped)."""
-    value = constants.get(name) if name else None
-    if value is None or normalized is None or value.dtype.kind != "f":
+        value = view.constants.get(node.input[1])
+        axes = None if value is None else [int(a) for a in value.reshape(-1)]
+    else:
+        axes = attr(node, "axes")
+    if not axes:
         return None
+    axes = sorted(a + rank if a < 0 else a for a in axes)
+    return axes if axes == list(range(axes[0], rank)) else None
+
+
+def _square(d, view):
+    """The node squaring `d`: Pow(d, 2) or Mul(d, d)."""
+    for node in view.uses.get(d, []):
+        if node.domain not in ("", "ai.onnx") or len(node.input) != 2 or node.input[0] != d:
+            continue
+        if node.op_type == "Pow" and view.scalar(node.input[1]) == 2.0:
+            return node
+        if node.op_type == "Mul" and node.input[1] == d:
+            return node
+    return None
+
+
+def _inverse(sqrt, view):
+    """The node making 1 / std: Reciprocal(std) or Div(1, std)."""
+    for node in view.uses.get(sqrt.output[0], []):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "Reciprocal":
+            return node
+        if node.op_type == "Div" and node.input[1] == sqrt.output[0] and (
+                view.scalar(node.input[0]) == 1.0):
+            return node
+    return None
+
+
+def _divided(d, sqrt, view, low):
+    """torch's ending: d / std (or d * (1 / std)), then the optional scale and shift."""
+    div = next((n for n in view.readers(sqrt.output[0], "Div") if list(n.input) == [
+        d, sqrt.output[0]]), None)
+    if div is not None:
+        steps = [div]
+    else:
+        inverse = _inverse(sqrt, view)
+        mul = view.only(inverse.output[0], "Mul") if inverse is not None else None
+        if mul is None or _other(mul, inverse.output[0]) != d:
+            return None
+        steps = [inverse, mul]
+    nodes, scale, bias, y = _affine_tail(steps[-1].output[0], view, low)
+    return steps + nodes, scale, bias, y
+
+
+def _affine_tail(normed, view, low):
+    """(nodes, scale, bias, output) for `normed [* scale] [+ bias]`; when x was cast up from
+    the `low` precision type, with one Cast back to it before or after them. Scale and bias
+    are constant names (their shapes checked by _finish) or None."""
+    nodes, scale, bias, last = [], None, None, normed
+    for op_type in ("Cast", "Mul", "Add", "Cast"):
+        node = view.only(last, op_type)
+        if node is None:
+            continue
+        if op_type == "Cast":
+            if low is None or attr(node, "to") != low or any(n.op_type == "Cast" for n in nodes):
+                continue
+        else:
+            other = _other(node, last)
+            if other is None or (other not in view.constants and view.scalar(other) is None):
+                break
+            scale, bias = (other, bias) if op_type == "Mul" else (scale, other)
+        nodes.append(node)
+        last = node.output[0]
+    return nodes, scale, bias, last
+
+
+def _moments_tail(x, mean, sqrt, view):
+    """tf's ending: inv = 1 / std [* gamma], y = x * inv + (beta - mean * inv)."""
+    inverse = _inverse(sqrt, view)
+    if inverse is None:
+        return None
+    nodes, inv, scale = [inverse], inverse.output[0], None
+    scaled = view.only(inv, "Mul")
+    if scaled is not None and _other(scaled, inv) in view.constants:
+        nodes.append(scaled)
+        inv, scale = scaled.output[0], _other(scaled, inv)
+    muls = view.readers(inv, "Mul")
+    x_scaled = next((n for n in muls if _other(n, inv) == x), None)
+    mean_scaled = next((n for n in muls if _other(n, inv) == mean.output[0]), None)
+    if x_scaled is None or mean_scaled is None:
+        return None
+    shift, bias = view.only(mean_scaled.output[0], "Sub"), None
+    if shift is not None and shift.input[1] == mean_scaled.output[0] and (
+            shift.input[0] in view.constants):
+        bias = shift.input[0]
+    else:
+        shift = view.only(mean_scaled.output[0], "Neg")
+    add = view.only(x_scaled.output[0], "Add")
+    if shift is None or add is None or _other(add, x_scaled.output[0]) != shift.output[0]:
+        return None
+    return nodes + [x_scaled, mean_scaled, shift, add], scale, bias, add.output[0]
+
+
+def _finish(nodes, x, scale, bias, eps, axis, y, view, normalized):
+    """The match, once its values are private and its constants fit the normalized shape."""
+    cast_back = next((n for n in nodes if n.op_type == "Cast"), None)
+    if cast_back is not None:  # the float32 copy of x goes with the pattern
+        cast_up = view.made_by[x]
+        nodes, x = [cast_up] + nodes, cast_up.input[0]
+    nodes = nodes + [n for n in view.type_readers(nodes) if n not in nodes]
+    if not private_values(nodes, {y}, view.uses, view.outputs):
+        return None
+    dtype = view.shapes.elem_type(x)
+    if dtype is None:
+        return None
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    values = []
+    for name in (scale, bias):
+        if name is None:
+            values.append(None)
+            continue
+        value = view.constants.get(name)
+        if value is None:  # a scalar through Cast/CastLike
+            value = np.asarray(view.scalar(name), np_dtype)
+        fitted = _fit(value, normalized)
+        if fitted is None or fitted.dtype.kind != "f":
+            return None
+        as_is = fitted.dtype == np_dtype and fitted.shape == value.shape
+        values.append(name if as_is else np.ascontiguousarray(fitted.astype(np_dtype)))
+    scale = values[0] if values[0] is not None else np.ones(normalized, np_dtype)
+    return LayerNorm(nodes, x, scale, values[1], eps, axis, y)
+
+
+def _low_precision_source(x, view):
+    """The float16/bfloat16 type x was cast up to float32 from, else None."""
+    node = view.made_by.get(x)
+    if node is None or node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or (
+            attr(node, "to") != onnx.TensorProto.FLOAT):
+        return None
+    low = view.shapes.elem_type(node.input[0])
+    return low if low in LOW_PRECISION else None
+
+
+def _fit(value, normalized):
+    """`value` as an array of exactly the normalized shape (a scalar is broadcast to it,
+    leading 1s dropped), else None."""
+    if value is None:
+        return None
+    if value.size == 1:
+        return np.full(normalized, value.reshape(-1)[0], value.dtype)
     shape = list(value.shape)
     while len(shape) > len(normalized) and shape[0] == 1:
         shape.pop(0)
-    return value if shape == normalized else None
+    return value.reshape(shape) if shape == list(normalized) else None
 
 
-def _skip_sum(add, shapes, axis):
+def _constant_name(graph, value, stem):
+    if value is None or isinstance(value, str):
+        return value
+    return add_initializer(graph, stem, value)
+
+
+def _skip_sum(add, view, axis):
     """The residual Add feeding the pattern, when SkipLayerNormalization can take its place."""
     if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or axis != 2:
         return None
     a, b = add.input
-    if shapes.rank(a) != 3 or not shapes.same_shape(a, b):
+    if view.shapes.rank(a) != 3 or not view.shapes.same_shape(a, b):
         return None
     return add
 
@@ -169,12 +355,13 @@ def _read_early(nodes, readers, pattern) -> bool:
     return any(position.get(id(r), -1) < end for r in readers if id(r) not in inside)
 
 
-def _skip_layer_norm(add, pattern, gamma, beta, eps, uses, outputs):
-    """The SkipLayerNormalization node, and the Add it absorbs."""
+def _skip_layer_norm(add, match, scale, bias, view):
+    """The SkipLayerNormalization node that absorbs the residual Add."""
     total = add.output[0]
-    readers = [n for n in uses.get(total, []) if n is not pattern[0] and n is not pattern[1]]
-    sum_output = total if readers or total in outputs else ""
-    node = helper.make_node("SkipLayerNormalization", [add.input[0], add.input[1], gamma, beta],
-                            [pattern[-1].output[0], "", "", sum_output], domain=MS_DOMAIN,
-                            name=pattern[0].name or pattern[-1].name, epsilon=eps)
-    return [node], [add]
+    inside = {id(n) for n in match.nodes}
+    readers = [n for n in view.uses.get(total, []) if id(n) not in inside]
+    sum_output = total if readers or total in view.outputs else ""
+    inputs = [add.input[0], add.input[1], scale] + ([bias] if bias else [])
+    return helper.make_node("SkipLayerNormalization", inputs, [match.y, "", "", sum_output],
+                            domain=MS_DOMAIN, name=match.nodes[0].name or match.y,
+                            epsilon=match.epsilon)
