@@ -17,13 +17,13 @@ from reference.types import check_feed, describe_type
 from reference.values import EMPTY
 
 from . import feeds as feed_conversion
+from .check import NodeCheckError, check_step, write_repro  # noqa: F401 (check mode)
 from .errors import Fail, InvalidArgument, as_load_errors, as_run_errors
 from .loading import load_for_session, with_inferred_outputs
 from .lora import adapter_feeds
 from .options import (RECORD_ASSIGNMENT, ExecutionMode, GraphOptimizationLevel,  # noqa: F401
                       RunOptions, SessionOptions)
 from .ortvalue import OrtMemoryInfo, OrtValue
-from .check import NodeCheckError, check_step, write_repro  # noqa: F401 (check mode)
 from .plan import Profiler
 
 PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
