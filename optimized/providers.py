@@ -8,11 +8,13 @@ from .cuda.device import gpu_unavailable_reason
 
 CPU = "CPUExecutionProvider"
 KNOWN = [CUDA, CPU]
-# onnxruntime's CUDA options: the first two act here, the rest are accepted and have no effect
-CUDA_OPTIONS = {"device_id": 0, "enable_cuda_graph": False}
+# onnxruntime's CUDA options: the first three act here, the rest are accepted and have no effect
+# use_tf32: float32 GEMMs and convolutions on TF32 tensor cores (onnxruntime's default is on;
+# ours is off, so float32 results agree with the reference to float32's bound unless asked)
+CUDA_OPTIONS = {"device_id": 0, "enable_cuda_graph": False, "use_tf32": False}
 CUDA_IGNORED = {"gpu_mem_limit", "arena_extend_strategy", "cudnn_conv_algo_search",
                 "do_copy_in_default_stream", "cudnn_conv_use_max_workspace", "tunable_op_enable",
-                "use_tf32", "prefer_nhwc"}
+                "prefer_nhwc"}
 
 
 def select(providers=None, provider_options=None) -> tuple[list[str], dict[str, dict]]:
@@ -57,7 +59,8 @@ def _cuda_options(given: dict) -> dict:
         raise ValueError(f"unknown {CUDA} options {sorted(unknown)}; known: "
                          f"{sorted(set(CUDA_OPTIONS) | CUDA_IGNORED)}")
     return {"device_id": int(given.get("device_id", 0)),
-            "enable_cuda_graph": _flag(given.get("enable_cuda_graph", False))}
+            "enable_cuda_graph": _flag(given.get("enable_cuda_graph", False)),
+            "use_tf32": _flag(given.get("use_tf32", False))}
 
 
 def _flag(value) -> bool:
@@ -74,7 +77,8 @@ def as_strings(options: dict[str, dict]) -> dict[str, dict[str, str]]:
 
 def make_plan(model, evaluator, options: dict[str, dict], fuse_chains: bool = False):
     """The plan for the chosen providers: the CPU plan (fusing elementwise chains when asked),
-    or the device plan (with CUDA graphs when enable_cuda_graph is set)."""
+    or the device plan, planned per input-shape signature (captured in CUDA graphs when
+    enable_cuda_graph is set)."""
     from .cpu import KERNELS
     from .plan import Plan
 
@@ -85,5 +89,12 @@ def make_plan(model, evaluator, options: dict[str, dict], fuse_chains: bool = Fa
     from .cuda.plan import DevicePlan
 
     cuda = options[CUDA]
-    plan = DevicePlan(model, KERNELS, evaluator, CupyDevice(cuda["device_id"]))
-    return GraphPlan(plan) if cuda["enable_cuda_graph"] else plan
+    plan = DevicePlan(model, KERNELS, evaluator, CupyDevice(cuda["device_id"], cuda["use_tf32"]))
+    return GraphPlan(plan, enable_cuda_graph=cuda["enable_cuda_graph"])
+
+
+def math_mode(options: dict[str, dict]) -> str:
+    """The float32 math mode of the device GEMMs and convolutions, for the agreement policy:
+    'tf32' (10-bit mantissa products, float32 sums) or 'fp32'."""
+    cuda = options.get(CUDA)
+    return "tf32" if cuda and cuda.get("use_tf32") else "fp32"
