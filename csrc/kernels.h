@@ -110,3 +110,10 @@ int attention_f32(const float *q, const float *k, const float *v, float *y, int 
 int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
                      const uint8_t *zp_packed, const float *zp_float, const float *bias, float *y,
                      int m, int n, int k, int bits, int block_size, int allow_simd);
+
+/* Per row of x (rows x cols): s = x, or x + skip (+ bias) when skip is not NULL (skip shaped
+ * like x, bias one row); y = s / sqrt(mean(s^2) + epsilon) * scale.  sum (the s of the skip
+ * form) and inv_rms (one value per row) may be NULL.  y may alias x; sum may not alias y. */
+void rmsnorm_last_f32(const float *x, const float *skip, const float *bias, const float *scale,
+                      float *y, float *sum, float *inv_rms, size_t rows, size_t cols,
+                      float epsilon);

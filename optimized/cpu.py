@@ -183,6 +183,54 @@ def _split_heads(x, heads):
     return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)
 
 
+# RMS normalization -------------------------------------------------------------------------
+def _rms_rows(x, scale, axis):
+    """x as (rows, cols) over the normalized trailing axes from `axis`, when scale has their
+    shape (leading 1s aside), else None."""
+    axis = axis + x.ndim if axis < 0 else axis
+    if not 0 <= axis < x.ndim:
+        return None
+    normalized = x.shape[axis:]
+    shape = list(scale.shape)
+    while len(shape) > len(normalized) and shape[0] == 1:
+        shape.pop(0)
+    return x.reshape(x.shape[:axis] + (-1,)) if tuple(shape) == normalized else None
+
+
+@float32_only
+def rms_normalization(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+    rows = _rms_rows(x, scale, axis)
+    if rows is None or stash_type != 1:
+        return NotImplemented
+    return kernels.rms_norm(rows, scale.reshape(-1), epsilon=epsilon).reshape(x.shape)
+
+
+@float32_only
+def simplified_layer_normalization(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, ctx=None):
+    rows = _rms_rows(x, scale, axis)
+    if rows is None or stash_type != 1:
+        return NotImplemented
+    want_inv = ctx is not None and ctx.n_outputs > 1 and bool(ctx.outputs[1])
+    if not want_inv:
+        return kernels.rms_norm(rows, scale.reshape(-1), epsilon=epsilon).reshape(x.shape)
+    y, inv = kernels.rms_norm(rows, scale.reshape(-1), epsilon=epsilon, return_inv_rms=True)
+    kept = x.shape[:axis % x.ndim]
+    return y.reshape(x.shape), inv.reshape(kept + (1,) * (x.ndim - len(kept)))
+
+
+@float32_only
+def skip_simplified_layer_normalization(x, skip, gamma, bias=None, *, epsilon=1e-12, ctx=None):
+    if skip.shape != x.shape or x.ndim < 1:
+        return NotImplemented
+    n_outputs = 1 if ctx is None else ctx.n_outputs
+    if n_outputs == 1:
+        return kernels.rms_norm(x, gamma, skip=skip, bias=bias, epsilon=epsilon)
+    y, inv, total = kernels.rms_norm(x, gamma, skip=skip, bias=bias, epsilon=epsilon,
+                                     return_inv_rms=True, return_sum=True)
+    mean = np.zeros(x.shape[:-1] + (1,), np.float32)  # the simplified form centres nothing
+    return (y, mean, inv, total)[:n_outputs]
+
+
 # quantized weights ---------------------------------------------------------------------------
 def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K=0, N=0, bits=4,
                  block_size=0, accuracy_level=0, weight_prepacked=0):
@@ -227,6 +275,10 @@ KERNELS = {
     ("", "Softmax"): softmax,
     ("", "LayerNormalization"): layer_normalization,
     (MS, "MatMulNBits"): matmul_nbits,
+    ("", "RMSNormalization"): rms_normalization,
+    ("", "SimplifiedLayerNormalization"): simplified_layer_normalization,
+    (MS, "SimplifiedLayerNormalization"): simplified_layer_normalization,
+    (MS, "SkipSimplifiedLayerNormalization"): skip_simplified_layer_normalization,
 }
 
 

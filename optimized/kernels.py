@@ -703,3 +703,43 @@ def _uint8(name: str, a, size: int) -> np.ndarray:
     if a.size != size:
         raise ValueError(f"{name} must hold {size} bytes, got {a.size} (shape {list(a.shape)})")
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+# --- RMS normalization ---------------------------------------------------------------------
+
+def rms_norm(x: np.ndarray, scale: np.ndarray, *, skip: np.ndarray | None = None,
+             bias: np.ndarray | None = None, epsilon: float = 1e-5,
+             return_inv_rms: bool = False, return_sum: bool = False):
+    """s / sqrt(mean(s^2) + epsilon) * scale over the last axis, s = x or x + skip (+ bias).
+
+    Returns y, then (when asked) the inverse RMS shaped x.shape[:-1] + (1,) and the sum s."""
+    x = _f32("X", x)
+    rows, cols = _rows("rms_norm", x)
+    if cols == 0:
+        raise ValueError(f"RMS normalization over an empty last axis of shape {list(x.shape)}")
+    scale = _f32("scale", scale)
+    if scale.size != cols or (scale.ndim and scale.shape[-1] != cols):
+        raise ValueError(f"scale must hold {cols} values along the last axis, got {list(scale.shape)}")
+    if skip is not None:
+        skip = _f32("skip", skip)
+        if skip.size != x.size or skip.shape[-1] != cols:
+            raise ValueError(f"skip must have the input's shape {list(x.shape)}, got {list(skip.shape)}")
+    elif bias is not None or return_sum:
+        raise ValueError("bias and the sum output belong to the skip form: give skip")
+    if bias is not None:
+        bias = _f32("bias", bias)
+        if bias.size != cols or (bias.ndim and bias.shape[-1] != cols):
+            raise ValueError(f"bias must hold {cols} values along the last axis, got {list(bias.shape)}")
+    if not epsilon >= 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    y = np.empty(x.shape, np.float32)
+    total = np.empty(x.shape, np.float32) if return_sum else None
+    inv_rms = np.empty(x.shape[:-1] + (1,), np.float32) if return_inv_rms else None
+    if rows:
+        lib.rmsnorm_last_f32(
+            _ptr(x), ffi.NULL if skip is None else _ptr(skip),
+            ffi.NULL if bias is None else _ptr(bias), _ptr(scale), _ptr(y),
+            ffi.NULL if total is None else _ptr(total),
+            ffi.NULL if inv_rms is None else _ptr(inv_rms), rows, cols, float(epsilon))
+    results = [y] + ([inv_rms] if return_inv_rms else []) + ([total] if return_sum else [])
+    return results[0] if len(results) == 1 else tuple(results)

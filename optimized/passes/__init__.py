@@ -21,6 +21,7 @@ from .identity_elimination import eliminate_identities
 from .initializer_inputs import freeze_initializer_inputs
 from .layer_norm_fusion import fuse_layer_norm
 from .matmul_add_to_gemm import matmul_add_to_gemm
+from .rms_norm_fusion import fuse_rms_norm
 
 
 class Pass(NamedTuple):
@@ -38,6 +39,7 @@ PASSES: list[Pass] = [
     Pass("cse", 1, eliminate_common_subexpressions),
     Pass("dead_code", 1, eliminate_dead_code),
     Pass("layer_norm_fusion", 2, fuse_layer_norm),
+    Pass("rms_norm_fusion", 2, fuse_rms_norm),
     Pass("gelu_fusion", 2, fuse_gelu),
     Pass("attention_fusion", 2, fuse_attention),
     Pass("conv_bn_folding", 2, fold_conv_batchnorm),

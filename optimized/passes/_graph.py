@@ -306,6 +306,8 @@ def _shape_stand_ins(node, opset=0) -> list:
     (onnxruntime registers it from version 1, onnx from 17)."""
     if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx") and opset < 17:
         return [helper.make_node("Identity", [node.input[0]], [node.output[0]])]
+    if node.op_type == "SimplifiedLayerNormalization":  # rms_norm_fusion's, in either domain
+        return [helper.make_node("Identity", [node.input[0]], [node.output[0]])]
     if node.domain != MS_DOMAIN:
         return [node]
     kept = {"FusedConv": ("Conv", {"auto_pad", "dilations", "group", "kernel_shape", "pads",
@@ -322,7 +324,7 @@ def _shape_stand_ins(node, opset=0) -> list:
     # Gelu, FastGelu, SkipLayerNormalization (output and sum) and MultiHeadAttention as the
     # passes write it: the output has the first input's shape
     same_as_first = {"Gelu": (0,), "FastGelu": (0,), "SkipLayerNormalization": (0, 3),
-                     "MultiHeadAttention": (0,)}
+                     "SkipSimplifiedLayerNormalization": (0, 3), "MultiHeadAttention": (0,)}
     if node.op_type in same_as_first:
         return [helper.make_node("Identity", [node.input[0]], [node.output[i]])
                 for i in same_as_first[node.op_type] if i < len(node.output) and node.output[i]]
