@@ -51,32 +51,20 @@ class Link:
 
 def find_chains(steps, encodings: list, keep: set[int], readers: dict[int, int]) -> list[list[Link]]:
     """Chains of two or more steps: each member's output is read only by the next member (once),
-    and is not a graph output; no step joins two chains.  encodings[i] is chain_op's result for
-    steps[i] (or None)."""
-    consumer_of: dict[int, int] = {}
-    for i, step in enumerate(steps):
-        for s in step.inputs:
-            consumer_of[s] = i if s not in consumer_of else -1  # -1: read by several inputs
-    taken: set[int] = set()
+    and is not a graph output; no step joins two chains (fusion_groups.chains finds them).
+    encodings[i] is chain_op's result for steps[i] (or None)."""
+    from . import fusion_groups
+
+    graph = fusion_groups.GroupGraph(
+        inputs=[step.inputs for step in steps],
+        outputs=[step.outputs[0] if len(step.outputs) == 1 else None for step in steps],
+        eligible=[e is not None for e in encodings], readers=readers, keep=keep)
     chains = []
-    for i, step in enumerate(steps):
-        if i in taken or encodings[i] is None or len(step.outputs) != 1:
-            continue
-        members = [i]
-        out = step.outputs[0]
-        while out not in keep and readers.get(out, 0) == 1 and consumer_of.get(out, -1) > members[-1]:
-            j = consumer_of[out]
-            nxt = steps[j]
-            if j in taken or encodings[j] is None or len(nxt.outputs) != 1 or nxt.inputs.count(out) != 1:
-                break
-            members.append(j)
-            out = nxt.outputs[0]
-        if len(members) > 1:
-            links = [Link(step, encodings[i], 0)]
-            links += [Link(steps[j], encodings[j], steps[j].inputs.index(steps[prev].outputs[0]))
-                      for prev, j in itertools.pairwise(members)]
-            chains.append(links)
-            taken |= set(members)
+    for members in fusion_groups.chains(graph):
+        links = [Link(steps[members[0]], encodings[members[0]], 0)]
+        links += [Link(steps[j], encodings[j], steps[j].inputs.index(steps[prev].outputs[0]))
+                  for prev, j in itertools.pairwise(members)]
+        chains.append(links)
     return chains
 
 

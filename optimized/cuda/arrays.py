@@ -345,7 +345,13 @@ class CupyDevice(Device):
         def launcher(*args, **params):
             grid, block, scalars, shared = spec.geometry(*args, **params)
             arguments = tuple(args) + tuple(scalars)
-            return lambda: raw(grid, block, arguments, shared_mem=shared, stream=self.stream)
+            stream = self.stream
+
+            def launch():
+                with stream:  # RawKernel launches on the current stream
+                    raw(grid, block, arguments, shared_mem=shared)
+
+            return launch
 
         return launcher
 

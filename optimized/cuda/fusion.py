@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import numpy_helper
 
+from ..fusion_groups import GroupGraph, trees
+
 FUSED_DOMAIN = "onnx_parity.cuda"
 FUSED_OP = "FusedElementwise"
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -142,37 +144,19 @@ def xp_helpers(xp, ctype) -> dict:
 # finding the groups -----------------------------------------------------------------------
 def find_groups(nodes, eligible, graph_outputs, initializers: dict, readers: Counter | None = None,
                 min_size: int = 2) -> list[FusionGroup]:
-    """Maximal fusion groups among `nodes` (topological order) for which `eligible(i)` holds.
+    """Maximal fusion groups among `nodes` (topological order) for which `eligible(i)` holds:
+    the trees fusion_groups finds, each written as one expression.
 
     `readers` counts every read of a value (node inputs, subgraph reads); built from `nodes`
     when not given. `initializers` maps names to arrays: 0-d float ones are inlined.
     """
     if readers is None:
         readers = Counter(n for node in nodes for n in node.input if n)
-    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
-    taken: set[int] = set()
-    groups = []
-    for root in reversed(range(len(nodes))):
-        if root in taken or not eligible(root) or not fusible(nodes[root]):
-            continue
-        members = _grow(root, nodes, eligible, producer, readers, set(graph_outputs), taken)
-        if len(members) >= min_size:
-            taken |= members
-            groups.append(_build(sorted(members), nodes, initializers))
-    return sorted(groups, key=lambda g: nodes.index(g.nodes[-1]))
-
-
-def _grow(root, nodes, eligible, producer, readers, outputs, taken) -> set[int]:
-    members, stack = {root}, [root]
-    while stack:
-        for name in nodes[stack.pop()].input:
-            i = producer.get(name)
-            if (i is None or i in taken or i in members or not eligible(i)
-                    or not fusible(nodes[i]) or readers[name] != 1 or name in outputs):
-                continue
-            members.add(i)
-            stack.append(i)
-    return members
+    graph = GroupGraph(inputs=[[n for n in node.input if n] for node in nodes],
+                       outputs=[node.output[0] if len(node.output) == 1 else None for node in nodes],
+                       eligible=[eligible(i) and fusible(node) for i, node in enumerate(nodes)],
+                       readers=readers, keep=set(graph_outputs))
+    return [_build(members, nodes, initializers) for members in trees(graph, min_size)]
 
 
 def _build(members: list[int], nodes, initializers: dict) -> FusionGroup:
