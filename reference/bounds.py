@@ -439,3 +439,57 @@ def _mha_bound(inputs, y, attrs, opset, u):
     d_out = gamma(kh.shape[-2], u) * (p @ np.abs(vh)) + d_p @ np.abs(vh)
     b, heads, s, hv = d_out.shape
     return d_out.transpose(0, 2, 1, 3).reshape(b, s, heads * hv)
+
+
+# quantized weights, RMS normalization ----------------------------------------------------------
+@rule("MatMulNBits", domain=MS,
+      reason="a @ w^T + bias with w the dequantized weights ((code - zero point) * scale, one "
+             "rounding): a dot product of length K, gamma(K + 2) * sum |a_k w_k| and u |bias|")
+def _matmul_nbits_bound(inputs, y, attrs, opset, u):
+    from .ops.contrib import dequantized_nbits
+
+    a, b, scales = inputs[0], inputs[1], inputs[2]
+    zero_points = inputs[3] if len(inputs) > 3 else None
+    g_idx = inputs[4] if len(inputs) > 4 else None
+    bias = inputs[5] if len(inputs) > 5 else None
+    w = dequantized_nbits(b, scales, zero_points, g_idx, K=attrs["K"], N=attrs["N"],
+                          bits=attrs.get("bits", 4), block_size=attrs["block_size"])
+    magnitude = np.abs(a) @ np.abs(w.astype(np.float64)).T
+    return gamma(a.shape[-1] + 2, u) * magnitude + (0.0 if bias is None else u * np.abs(bias))
+
+
+def _rms_error(s, y, axes, u, s_error=0.0):
+    """y = s / sqrt(mean(s^2) + eps) * scale: the mean of N squares within gamma(N + 1), the
+    reciprocal square root half of that plus three roundings, two multiplications; an error
+    ds in s moves y_i by ds_i |y_i / s_i| and the rms by sum s_j ds_j / sum s_j^2."""
+    n = int(np.prod([s.shape[a] for a in axes]))
+    relative = 0.5 * gamma(n + 1, u) + 5 * u
+    if np.ndim(s_error) == 0 and s_error == 0.0:
+        return relative * np.abs(y)
+    squares = np.sum(s * s, axis=axes, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        through_rms = np.where(squares > 0, np.sum(np.abs(s) * s_error, axis=axes,
+                                                   keepdims=True) / squares, 0.0)
+        per_unit = np.where(s != 0, np.abs(y / s), 0.0)
+    return (relative + through_rms) * np.abs(y) + s_error * per_unit
+
+
+def _rms_bound(inputs, y, attrs, opset, u):
+    x = inputs[0]
+    axis = attrs.get("axis", -1) % max(x.ndim, 1)
+    return _rms_error(x, y, tuple(range(axis, x.ndim)), u)
+
+
+RULES[("", "RMSNormalization")] = RULES[("", "SimplifiedLayerNormalization")] = RULES[
+    (MS, "SimplifiedLayerNormalization")] = Rule(_rms_bound, _rms_error.__doc__)
+
+
+@rule("SkipSimplifiedLayerNormalization", domain=MS,
+      reason="RMS normalization of s = x + skip (+ bias), whose two roundings carry "
+             "gamma(2) (|x| + |skip| + |bias|) into it")
+def _skip_rms_bound(inputs, y, attrs, opset, u):
+    x, skip = inputs[0], inputs[1]
+    bias = inputs[3] if len(inputs) > 3 and inputs[3] is not None else 0.0
+    s = x + skip + bias
+    s_error = gamma(2, u) * (np.abs(x) + np.abs(skip) + np.abs(bias))
+    return _rms_error(s, y, (x.ndim - 1,), u, s_error)

@@ -716,6 +716,16 @@ def matmul_nbits(
     accuracy_level=0,
     weight_prepacked=0,
 ):
+    w = dequantized_nbits(b, scales, zero_points, g_idx, K=K, N=N, bits=bits,
+                          block_size=block_size)
+    y = a.astype(np.float32) @ w.T
+    if bias is not None:
+        y = y + bias
+    return y.astype(a.dtype)
+
+
+def dequantized_nbits(b, scales, zero_points=None, g_idx=None, *, K, N, bits, block_size):
+    """MatMulNBits's weights as float32 (N, K): (code - zero point) * scale per block."""
     if bits not in (2, 4, 8):
         raise ValueError(f"MatMulNBits: bits={bits} is not 2, 4 or 8")
     n_blocks = (K + block_size - 1) // block_size
@@ -730,8 +740,4 @@ def matmul_nbits(
     block_of_k = (
         np.asarray(g_idx).reshape(-1)[:K] if g_idx is not None else np.arange(K) // block_size
     )
-    w = (q[:, :K].astype(np.float32) - zp[:, block_of_k]) * scale[:, block_of_k]
-    y = a.astype(np.float32) @ w.T
-    if bias is not None:
-        y = y + bias
-    return y.astype(a.dtype)
+    return (q[:, :K].astype(np.float32) - zp[:, block_of_k]) * scale[:, block_of_k]

@@ -1,11 +1,8 @@
-"""The MatMulNBits C kernel (csrc/matmul_nbits.c) against the reference op, by an error bound;
-a hand-checked product; onnxruntime's own quantizer output against onnxruntime's result.
-
-Error bound: no reference/agreement module exists yet, so the dot-product bound it is to hold
-is written here: |y - truth| <= C * K * u * sum_i |a_i w_i| + u * |truth| with u = 2^-24
-(float32's unit roundoff).  A K-term float32 dot product errs by at most about K * u * sum|a w|
-whatever its summation order; the last term covers rounding the result and the bias.  The
-truth is float64 over the float32 weights that the reference dequantizes.
+"""The MatMulNBits C kernel (csrc/matmul_nbits.c) against the reference op, by the bound policy
+of reference/agreement.py (reference/bounds.py's MatMulNBits rule: a dot product of length K,
+gamma(K + 2) * sum |a_k w_k|); a hand-checked product; onnxruntime's own quantizer output, run
+by our session and by onnxruntime. The truth is float64 over the float32 weights that the
+reference dequantizes.
 """
 from __future__ import annotations
 
@@ -18,11 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import optimized
 from optimized import cpu, kernels
-from reference import ReferenceEvaluator
-from reference.ops.contrib import matmul_nbits as reference_matmul_nbits
+from reference import ReferenceEvaluator, agreement
+from reference.ops.contrib import dequantized_nbits
 
-U = 2.0**-24
-C = 2.0
 BLOCK_SIZES = [16, 32, 64, 128, 256]
 hsettings = settings(max_examples=60, deadline=None)
 
@@ -43,20 +38,22 @@ def quantized(rng, n, k, bits, block_size, zero_points):
 
 
 def dequantized(b, scales, zp, k, n, bits, block_size):
-    """The reference op's float32 weights (N x K): its product with the identity is exact."""
-    eye = np.eye(k, dtype=np.float32)
-    return reference_matmul_nbits(eye, b, scales, zp, K=k, N=n, bits=bits,
-                                  block_size=block_size).T.astype(np.float64)
+    """The reference's float32 weights (N x K), in float64."""
+    return dequantized_nbits(b, scales, zp, K=k, N=n, bits=bits,
+                             block_size=block_size).astype(np.float64)
 
 
-def assert_within_bound(got, a, w, bias=None):
-    a64 = a.astype(np.float64).reshape(-1, w.shape[1])
-    truth = a64 @ w.T + (0.0 if bias is None else bias.astype(np.float64))
-    bound = C * w.shape[1] * U * (np.abs(a64) @ np.abs(w).T) + U * np.abs(truth)
-    err = np.abs(got.reshape(truth.shape).astype(np.float64) - truth)
-    worst = np.unravel_index(np.argmax(err - bound), err.shape)
-    assert np.all(err <= bound), (
-        f"error {err[worst]:.3g} exceeds bound {bound[worst]:.3g} at {worst}")
+def assert_agrees(got, a, b, scales, zp, bias, *, k, n, bits, block_size):
+    """The bound policy's verdict on `got` against the float64 truth a @ w^T + bias."""
+    w = dequantized(b, scales, zp, k, n, bits, block_size)
+    truth = a.astype(np.float64) @ w.T + (0.0 if bias is None else bias.astype(np.float64))
+    inputs = [a, b, scales, zp, None, bias]
+    names = [name if v is not None else "" for name, v in
+             zip(["a", "b", "scales", "zero_points", "", "bias"], inputs)]
+    node = helper.make_node("MatMulNBits", names, ["y"], domain="com.microsoft", K=k, N=n,
+                            bits=bits, block_size=block_size)
+    verdict = agreement.judge(node, 1, inputs, [got], [truth])
+    assert verdict.ok, verdict.message()
 
 
 @hsettings
@@ -78,7 +75,7 @@ def test_against_reference(m, n, k, bits, block_size, zero_points, with_bias, si
     finally:
         kernels.set_num_threads(kernels._available_cpus())
     assert got.shape == (m, n) and got.dtype == np.float32
-    assert_within_bound(got, a, dequantized(b, scales, zp, k, n, bits, block_size), bias)
+    assert_agrees(got, a, b, scales, zp, bias, k=k, n=n, bits=bits, block_size=block_size)
 
 
 @pytest.mark.parametrize("m", [1, 2, 48], ids=lambda m: f"m{m}")
@@ -95,7 +92,7 @@ def test_many_panels_and_threads(m, bits, block_size):
         got = kernels.matmul_nbits(a, b, scales, zp, k=k, n=n, bits=bits, block_size=block_size)
     finally:
         kernels.set_num_threads(kernels._available_cpus())
-    assert_within_bound(got, a, dequantized(b, scales, zp, k, n, bits, block_size))
+    assert_agrees(got, a, b, scales, zp, None, k=k, n=n, bits=bits, block_size=block_size)
 
 
 @pytest.mark.parametrize("simd", [True, False])
@@ -127,7 +124,7 @@ def test_rank3_input_keeps_its_leading_axes():
     a = rng.standard_normal((2, 3, 64), dtype=np.float32)
     y = kernels.matmul_nbits(a, b, scales, k=64, n=24, block_size=32)
     assert y.shape == (2, 3, 24)
-    assert_within_bound(y, a, dequantized(b, scales, zp, 64, 24, 4, 32))
+    assert_agrees(y, a, b, scales, zp, None, k=64, n=24, bits=4, block_size=32)
 
 
 @pytest.mark.parametrize("change,error", [
@@ -203,10 +200,10 @@ def test_onnxruntime_quantizer_output(m, bits, block_size, symmetric):
     ours = optimized.InferenceSession(model.SerializeToString(), options).run(None, {"a": a})[0]
     theirs = ort.InferenceSession(model.SerializeToString(),
                                   providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
-    w = dequantized(b, scales, zp, k, n, bits, block_size)
-    assert_within_bound(ours, a, w)
+    attrs = dict(k=k, n=n, bits=bits, block_size=block_size)
+    assert_agrees(ours, a, b, scales, zp, None, **attrs)
     # onnxruntime against the same truth, with the same bound: both read the weights alike
-    assert_within_bound(theirs, a, w)
+    assert_agrees(theirs, a, b, scales, zp, None, **attrs)
     reference = ReferenceEvaluator(model).run(None, {"a": a})[0]
     np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
 
@@ -228,5 +225,5 @@ def test_session_runs_the_fast_kernel(monkeypatch):
     a = rng.standard_normal((2, 64), dtype=np.float32)
     y = optimized.InferenceSession(model.SerializeToString()).run(None, {"a": a})[0]
     assert calls, "MatMulNBits ran as the reference op"
-    assert_within_bound(y, a, dequantized(b, scales, None, 64, 16, 4, 32))
+    assert_agrees(y, a, b, scales, None, None, k=64, n=16, bits=4, block_size=32)
     onnx.checker.check_model(model)
