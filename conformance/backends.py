@@ -62,7 +62,12 @@ class OptimizedBackend:
         sess = optimized.InferenceSession(
             model.SerializeToString(), options, providers=providers[self.provider]
         )
-        return _Runner(lambda feeds: sess.run(None, feeds))
+        runner = _Runner(lambda feeds: sess.run(None, feeds))
+        if self.provider == "cuda":  # {'gpu': n, 'cpu': m}: nodes on the GPU, nodes fallen back
+            from optimized.cuda import node_counts
+
+            runner.placement = lambda: node_counts(sess._plan)
+        return runner
 
 
 class OnnxruntimeBackend:

@@ -5,4 +5,12 @@ CPU tests and for the fallback path), and only device.py / arrays.CupyDevice tou
 """
 from .device import PROVIDER, gpu_unavailable_reason
 
-__all__ = ["PROVIDER", "gpu_unavailable_reason"]
+
+def node_counts(plan) -> dict[str, int]:
+    """{'gpu': nodes run on the GPU, 'cpu': nodes that fell back to the host} of a device plan."""
+    from .placement import node_counts as count
+
+    return count(plan)
+
+
+__all__ = ["PROVIDER", "gpu_unavailable_reason", "node_counts"]

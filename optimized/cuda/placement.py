@@ -194,3 +194,16 @@ def host_name(placement: Placement, output: str) -> str:
     names = {n.output[0] for n in placement.model.graph.node
              if n.domain == FUSED_DOMAIN and n.op_type == COPY_TO_HOST}
     return f"{output}@host" if f"{output}@host" in names else output
+
+
+def node_counts(plan) -> dict[str, int]:
+    """How many of the model's nodes run on the GPU and how many fell back to the host, for a
+    DevicePlan (or a GraphPlan over one): fused groups count each member, copies count as
+    nothing, and a device kernel that declined at run time counts as a fallback."""
+    placement = plan.placement
+    declined = set(getattr(plan, "declined", ()))
+    counts = {"gpu": 0, "cpu": 0}
+    for name, device in placement.devices.items():
+        size = len(placement.groups[name].nodes) if name in placement.groups else 1
+        counts["gpu" if device == CUDA and name not in declined else "cpu"] += size
+    return counts

@@ -33,6 +33,7 @@ class DevicePlan(Plan):
         self._cpu_kernels, self._device_kernels = cpu_kernels, device_kernels
         self._compiled: dict = {}
         self._keep: frozenset = frozenset()
+        self.declined: set[str] = set()  # device nodes whose kernel declined at run time
         self.placement = place(model, device_kernels, evaluator.functions, fuse=fuse)
         super().__init__(self.placement.model, cpu_kernels, evaluator)
         initial = evaluator.initial_values()
@@ -61,8 +62,8 @@ class DevicePlan(Plan):
         if node.domain == FUSED_DOMAIN and node.op_type == FUSED_OP:
             group = self.placement.groups[node.name]
             reference = self._group_reference(group)
-            return Step(node, self._fused_run(group, reference), inputs, outputs, kernel="cuda",
-                        reference=reference)
+            return Step(node, self._fused_run(group, reference, node.name), inputs, outputs,
+                        kernel="cuda", reference=reference)
         host = super()._bind(node, self._cpu_kernels, slot)
         if self.placement.devices[node.name] != CUDA:
             if self.strict and host.run is not None:
@@ -82,6 +83,7 @@ class DevicePlan(Plan):
         def on_device(*values, **attrs):
             result = fn(*values, **attrs)
             if result is NotImplemented:
+                self.declined.add(node.name)
                 return tuple(self._on_host(host_run or self._unbound(node), values))
             return tuple(self._adopt(r) for r in (result if isinstance(result, tuple) else (result,)))
 
@@ -109,10 +111,11 @@ class DevicePlan(Plan):
 
         return to_host
 
-    def _fused_run(self, group: FusionGroup, reference):
+    def _fused_run(self, group: FusionGroup, reference, name: str):
         def run(*values):
             if group.accepts(host_dtype(v) for v in values):
                 return [self._adopt(self._fused_kernel(group, values))]
+            self.declined.add(name)
             return self._on_host(reference, values)
 
         return run

@@ -97,6 +97,19 @@ def test_a_declined_device_kernel_runs_on_the_host_with_counted_copies():
     assert dict(plan.device.transfers) == {"to_device": 3, "to_host": 3}  # 2 feeds, 2 + 1 back
 
 
+def test_node_counts_say_how_many_nodes_ran_on_the_gpu_and_how_many_fell_back():
+    from optimized.cuda import node_counts
+
+    plan = _plan(_mixed_model())  # MatMul, a fused Mul+Tanh, Add on the device; Hardmax on the host
+    assert node_counts(plan) == {"gpu": 4, "cpu": 1}
+    nodes = [helper.make_node("Div", ["x", "y"], ["z"], name="div")]  # integer Div: declines
+    m = model(nodes, {"x": np.zeros(3, np.int64), "y": np.zeros(1, np.int64)}, ["z"], out_type=7)
+    plan = _plan(m)
+    assert node_counts(plan) == {"gpu": 1, "cpu": 0}
+    plan.run({"x": np.array([-7, 4, 9]), "y": np.array([2])})
+    assert node_counts(plan) == {"gpu": 0, "cpu": 1}
+
+
 def _spy(run, calls):
     def spy(*values):
         calls.append(values)
