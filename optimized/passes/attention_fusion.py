@@ -6,7 +6,8 @@
 
 K^T is one Transpose(0, 2, 3, 1) or Transpose(0, 2, 1, 3) then (0, 1, 3, 2). The scale is on
 the scores, or split between Q and K^T as Mul by constants (torch's scaled_dot_product_attention
-export multiplies both by sqrt(scale)); the fused scale is their product.
+export multiplies both by sqrt(scale), computed from Shape(query) unless given); the fused
+scale is their product, its value worked out once when it comes from static shapes.
 
 becomes one com.microsoft MultiHeadAttention(q, k, v, attention_bias=mask) with num_heads and
 scale, as onnxruntime's contrib operator docs define it. The projections stay as they are. A
@@ -19,6 +20,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from reference import ReferenceEvaluator
+from reference.errors import ReferenceError_
+
 from ._graph import (
     MS_DOMAIN,
     Constants,
@@ -30,6 +34,7 @@ from ._graph import (
     graph_output_names,
     only_reader,
     opset_version,
+    private_values,
     producers,
     scalar,
     set_nodes,
@@ -37,6 +42,10 @@ from ._graph import (
 )
 
 HEADS_FIRST = [0, 2, 1, 3]
+# what a scale computed from shapes may be made of, and how many nodes
+SHAPE_ARITHMETIC = {"Shape", "Slice", "Gather", "Squeeze", "Unsqueeze", "Cast", "CastLike",
+                    "Sqrt", "Reciprocal", "Div", "Mul", "Pow"}
+MAX_SCALE_NODES = 12
 
 
 def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -93,15 +102,22 @@ class _Matcher:
         self.uses, self.outputs = consumers(graph), graph_output_names(graph)
         self.made_by = producers(graph)
         self.opset = opset_version(model)
+        self.graph_nodes = list(graph.node)
 
     def producer(self, name, op_type, reader=None):
         """The ai.onnx `op_type` node making `name`, read only by `reader` when one is given."""
         p = self.made_by.get(name)
         if p is None or p.op_type != op_type or p.domain not in ("", "ai.onnx"):
             return None
-        if reader is not None and only_reader(self.uses, self.outputs, name) is not reader:
+        if reader is not None and self._only_reader(name) is not reader:
             return None
         return p
+
+    def _only_reader(self, name):
+        """The one reader of `name`, Shape nodes aside (they read its shape only; the match
+        takes them in with the scale they compute, or private_values turns it down)."""
+        readers = [r for r in self.uses.get(name, []) if r.op_type != "Shape"]
+        return readers[0] if len(readers) == 1 and name not in self.outputs else None
 
     def reader(self, node, op_type):
         r = only_reader(self.uses, self.outputs, node.output[0])
@@ -140,9 +156,12 @@ class _Matcher:
             if query_rows is None:
                 return None
         pattern = (q_nodes + q_scaled + k_nodes + k_scaled + v_nodes + [qk] + scale_nodes
-                   + mask_add + [softmax, weighted])
+                   + mask_add + [softmax, weighted] + merged)
+        pattern = list({id(n): n for n in pattern}.values())  # Q and K^T share a scale
+        if not private_values(pattern, {merged[-1].output[0]}, self.uses, self.outputs):
+            return None
         inputs = [q_in, k_in, v_in, "", "", mask or ""]
-        return pattern + merged, inputs, merged[-1].output[0], heads, scale, query_rows
+        return pattern, inputs, merged[-1].output[0], heads, scale, query_rows
 
     def _unscaled(self, logits):
         """(the MatMul of Q and K^T, [the node scaling its product], the scale) for the logits
@@ -158,15 +177,63 @@ class _Matcher:
         return None, [], 0.0
 
     def _peel_scale(self, name, reader):
-        """(the value before, [the Mul], its factor) when `name` is Mul(value, constant) read by
-        `reader` alone, else (name, [], 1.0)."""
+        """(the value before, [the Mul and the nodes computing its factor], the factor) when
+        `name` is Mul(value, factor) read by `reader` alone, the factor a constant or computed
+        from static shapes, else (name, [], 1.0)."""
         mul = self.producer(name, "Mul", reader)
         if mul is not None:
             for i in (0, 1):
+                if self.made_by.get(mul.input[i]) is None:
+                    continue
                 value = scalar(self.constants, mul.input[1 - i])
-                if value and self.made_by.get(mul.input[i]) is not None:
+                if value:
                     return mul.input[i], [mul], value
+                from_shapes = self._scale_from_shapes(mul.input[1 - i])
+                if from_shapes is not None and from_shapes[0]:
+                    return mul.input[i], [mul] + from_shapes[1], from_shapes[0]
         return name, [], 1.0
+
+    def _scale_from_shapes(self, name):
+        """(value, nodes) for a scalar computed from constants and static shapes only, as
+        torch's scaled_dot_product_attention export computes sqrt(1 / sqrt(head size)) from
+        Shape(query); None otherwise. Evaluated by the reference ops."""
+        nodes, leaves, pending = [], {}, [name]
+        while pending:
+            value_name = pending.pop()
+            if value_name in leaves or any(value_name in n.output for n in nodes):
+                continue
+            if value_name in self.constants:
+                leaves[value_name] = self.constants.get(value_name)
+                continue
+            node = self.made_by.get(value_name)
+            if node is None or node.op_type not in SHAPE_ARITHMETIC or node.domain not in (
+                    "", "ai.onnx") or len(nodes) >= MAX_SCALE_NODES:
+                return None
+            nodes.append(node)
+            if node.op_type == "Shape":
+                shape = self.shapes.static_shape(node.input[0])
+                if shape is None:
+                    return None
+                leaves[value_name] = np.array(shape, np.int64)[attr(node, "start", 0):attr(
+                    node, "end", None)]
+            else:
+                pending.extend(n for n in node.input if n)
+        computed = [n for n in nodes if n.op_type != "Shape"]
+        order = {id(n): i for i, n in enumerate(self.graph_nodes)}
+        computed.sort(key=lambda n: order[id(n)])
+        graph = helper.make_graph(
+            computed, "scale", [], [onnx.ValueInfoProto(name=name)],
+            [numpy_helper.from_array(np.asarray(v), k) for k, v in leaves.items()])
+        try:
+            value = ReferenceEvaluator(helper.make_model(
+                graph, opset_imports=[helper.make_opsetid("", self.opset)]), check=False).run(
+                    None, {})[0]
+        except (ReferenceError_, TypeError, ValueError):
+            return None
+        value = np.asarray(value)
+        if value.size != 1 or value.dtype.kind != "f":
+            return None
+        return float(value.reshape(-1)[0]), nodes
 
     def _last_axis_softmax(self, softmax) -> bool:
         axis = attr(softmax, "axis", -1 if self.opset >= 13 else 1)

@@ -6,7 +6,9 @@
 From opset 20 both become ai.onnx Gelu (approximate "none" / "tanh"). Every Mul and Add is
 matched in either operand order; x / sqrt(2) also as x * (1 / sqrt(2)); x^3 as Pow(x, 3) or
 Mul(x, Mul(x, x)) (TorchScript's tanh Gelu); the 0.5 on x, on the product, or on (1 + ...)
-(onnxruntime's three erf patterns); constants also through Cast/CastLike (the dynamo exporter).
+(onnxruntime's three erf patterns); the tanh argument also as BLOOM writes it,
+0.79788456 * x * (1 + 0.044715 * x * x); constants also through Cast/CastLike (the dynamo
+exporter). A pattern whose intermediate values are read outside it stays.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ._graph import (
     graph_output_names,
     is_close,
     opset_version,
+    private_values,
     producers,
     reads_type_only,
     scalar_through_cast,
@@ -43,8 +46,11 @@ def fuse_gelu(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in list(nodes):
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("Erf", "Tanh"):
             continue
-        match = _match_erf(node, ctx) if node.op_type == "Erf" else _match_tanh(node, ctx)
-        if match is None:
+        if node.op_type == "Erf":
+            match = _match_erf(node, ctx)
+        else:
+            match = _match_tanh(node, ctx) or _match_tanh_factored(node, ctx)
+        if match is None or not private_values(match[0], {match[2]}, ctx.uses, ctx.outputs):
             continue
         pattern, x, y = match
         name = node.name or y
@@ -120,6 +126,41 @@ def _match_tanh(tanh, ctx):
                 cubic_scaled, "Add") is not inner:
             continue
         return _tail(x, cube + [cubic_scaled, inner, scaled, tanh], ctx)
+    return None
+
+
+def _match_tanh_factored(tanh, ctx):
+    """BLOOM's and Megatron's form of the same: tanh(0.79788456 * x * (1 + 0.044715 * x * x))."""
+    outer = ctx.producer(tanh.input[0], "Mul")
+    if outer is None or ctx.reader(outer, "Tanh") is not tanh:
+        return None
+    for first, second in (list(outer.input), list(outer.input)[::-1]):
+        scaled_x = ctx.producer(first, "Mul")
+        x = ctx.split_constant(scaled_x, math.sqrt(2.0 / math.pi)) if scaled_x else None
+        one_plus = ctx.producer(second, "Add")
+        if x is None or one_plus is None or ctx.reader(scaled_x, "Mul") is not outer or (
+                ctx.reader(one_plus, "Mul") is not outer):
+            continue
+        square = _scaled_square(ctx.split_constant(one_plus, 1.0) or "", x, ctx)
+        if square is None or ctx.reader(square[-1], "Add") is not one_plus:
+            continue
+        return _tail(x, square + [scaled_x, one_plus, outer, tanh], ctx)
+    return None
+
+
+def _scaled_square(name, x, ctx):
+    """The two Muls making `name` = 0.044715 * x * x, in any order and grouping."""
+    top = ctx.producer(name, "Mul")
+    if top is None:
+        return None
+    for a, b in (list(top.input), list(top.input)[::-1]):
+        inner = ctx.producer(a, "Mul")
+        if inner is None or ctx.reader(inner, "Mul") is not top:
+            continue
+        if b == x and ctx.split_constant(inner, 0.044715) == x:  # (k * x) * x
+            return [inner, top]
+        if list(inner.input) == [x, x] and is_close(ctx.scalar(b), 0.044715):  # k * (x * x)
+            return [inner, top]
     return None
 
 

@@ -55,7 +55,7 @@ LOW_PRECISION = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 class LayerNorm(NamedTuple):
     nodes: list       # every node the fused one replaces
     x: str            # the normalized input (before any cast up to float32)
-    scale: object     # constant name or numpy array (a new constant), None for ones
+    scale: object     # constant name or numpy array (a new constant; ones when absent)
     bias: object      # constant name or numpy array, or None
     epsilon: float
     axis: int

@@ -256,13 +256,20 @@ def _tanh_gelu(b, x, cube="Pow"):
     """The tanh approximation 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))):
       Pow   HF GPT-2's NewGELU: Mul(Mul(0.5, x), Add(1, Tanh(Mul(c, Add(x, Mul(k, Pow(x, 3)))))))
       Mul   TorchScript's F.gelu(approximate="tanh"): the cube as Mul(x, Mul(x, x)) and
-            Mul(0.5, Mul(x, Add(1, Tanh(Mul(c, Add(x, Mul(k, cube)))))))"""
+            Mul(0.5, Mul(x, Add(1, Tanh(Mul(c, Add(x, Mul(k, cube)))))))
+      bloom BLOOM's bloom_gelu_forward, c * x * (1 + k * x * x) factored"""
     if cube == "Pow":
         half = b.node("Mul", b.literal(0.5), x)
         cubed = b.node("Pow", x, b.literal(3.0))
         inner = b.node("Add", x, b.node("Mul", b.literal(0.044715), cubed))
         t = b.node("Tanh", b.node("Mul", b.literal(math.sqrt(2 / math.pi)), inner))
         return b.node("Mul", half, b.node("Add", b.literal(1.0), t))
+    if cube == "bloom":  # x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+        poly = b.node("Mul", b.node("Mul", b.literal(0.044715), x), x)
+        inner = b.node("Mul", b.node("Mul", b.literal(0.79788456), x),
+                       b.node("Add", b.literal(1.0), poly))
+        half = b.node("Mul", x, b.literal(0.5))
+        return b.node("Mul", half, b.node("Add", b.literal(1.0), b.node("Tanh", inner)))
     cubed = b.node("Mul", x, b.node("Mul", x, x))
     inner = b.node("Mul", b.literal(math.sqrt(2 / math.pi)),
                    b.node("Add", x, b.node("Mul", b.literal(0.044715), cubed)))
@@ -318,6 +325,7 @@ GELU_CASES = {
     "hf-newgelu-pow": lambda: gelu_tanh("Pow"),
     "torchscript-tanh-mul-cube": lambda: gelu_tanh("Mul"),
     "tanh-opset20": lambda: gelu_tanh("Mul", opset=20),
+    "bloom-tanh-factored": lambda: gelu_tanh("bloom"),
     "dynamo-gelu20-op": lambda: gelu_written_fused("Gelu"),
     "dynamo-gelu20-tanh-op": lambda: gelu_written_fused("Gelu", approximate="tanh"),
     "ort-gelu": lambda: gelu_written_fused("Gelu", "com.microsoft"),
@@ -376,25 +384,41 @@ def attention_bert(key_transposes=1, scale="div"):
                 ("Softmax", "Transpose"), (scores, probs), feeds={"mask": keep})
 
 
-def attention_sdpa(opset=14, mask=True):
+def _scale_from_shape(b, q):
+    """torch's _attention_scale with scale=None: 1 / sqrt(last dimension of Shape(query)), cast
+    to the query's type; then, for each of Q and K^T, its Sqrt."""
+    last = b.node("Slice", b.node("Shape", q), b.literal([-1], np.int64),
+                  b.literal([np.iinfo(np.int64).max], np.int64))
+    size = b.node("Cast", last, to=TensorProto.FLOAT)
+    scale = b.node("Cast", b.node("Div", b.literal(1.0), b.node("Sqrt", size)),
+                   to=TensorProto.FLOAT)
+    return lambda: b.node("Sqrt", scale)
+
+
+def attention_sdpa(opset=14, mask=True, scale_from_shape=False):
     """F.scaled_dot_product_attention as TorchScript (symbolic_opset14) and dynamo (torchlib)
     write it: K^T by Transpose(0, 1, 3, 2), both Q and K^T multiplied by sqrt(scale), MatMul,
-    the float attn_mask added, Softmax, MatMul with V; the module splits and merges heads."""
+    the float attn_mask added, Softmax, MatMul with V; the module splits and merges heads.
+    The scale is a literal when the module passes one, else computed from Shape(query)."""
     b = Builder(opset)
     x = b.input("x", [B, S, HIDDEN])
     explicit = opset >= 18  # the dynamo exporter
     q, k, v = (_heads(b, _linear(b, x, HIDDEN, HIDDEN), explicit=explicit) for _ in "qkv")
-    root_scale = math.sqrt(1 / math.sqrt(HEAD))
-    q_scaled = b.node("Mul", q, b.literal(root_scale))
-    k_scaled = b.node("Mul", b.node("Transpose", k, perm=[0, 1, 3, 2]), b.literal(root_scale))
+    if scale_from_shape:
+        root_scale = _scale_from_shape(b, q)
+    else:
+        root_scale = lambda: b.literal(math.sqrt(1 / math.sqrt(HEAD)))  # noqa: E731
+    q_scaled = b.node("Mul", q, root_scale())
+    k_scaled = b.node("Mul", b.node("Transpose", k, perm=[0, 1, 3, 2]), root_scale())
     scores = b.node("MatMul", q_scaled, k_scaled)
     if mask:
         causal = np.triu(np.full((S, S), -np.inf, np.float32), 1)[None, None]
         scores = b.node("Add", scores, b.init(causal, "attn_mask"))
     probs = b.node("Softmax", scores, axis=-1)
     y = _merge(b, b.node("MatMul", probs, v), explicit=explicit)
+    shapes = tuple(n.output[0] for n in b.nodes if n.op_type == "Shape")
     return Case(b.model({y: [B, S, HIDDEN]}), {"com.microsoft::MultiHeadAttention": 1},
-                ("Softmax", "Transpose"), (q_scaled, probs))
+                ("Softmax", "Transpose", "Shape"), (q_scaled, probs) + shapes)
 
 
 def attention_gpt2_past():
@@ -433,6 +457,7 @@ ATTENTION_CASES = {
     "sdpa-torchscript-opset14": attention_sdpa,
     "sdpa-no-mask": lambda: attention_sdpa(mask=False),
     "sdpa-dynamo-opset18": lambda: attention_sdpa(18),
+    "sdpa-scale-from-shape": lambda: attention_sdpa(scale_from_shape=True),
 }
 
 
@@ -461,6 +486,19 @@ def dense_activation(activation, form="gemm", opset=13):
                 ("Gemm", "MatMul", "Add", activation), (h,))
 
 
+def dense_gelu():
+    """A dense layer then the exact Gelu (torch Linear, TorchScript's erf decomposition): at
+    level 2 Gemm then com.microsoft Gelu, for onnxruntime's FusedGemm has no Gelu activation
+    (the plan's elementwise chains run the Gelu in the Gemm's wake)."""
+    b = Builder(13)
+    x = b.input("x", [B * S, D])
+    h = b.node("Add", b.node("MatMul", x, b.weight(D, 2 * D)), b.weight(2 * D, scale=0.1))
+    y = _erf_gelu(b, h, "torchscript")
+    # no value inside keeps both fusions back (the Gelu family tests the Gelu's own values)
+    return Case(b.model({y: [B * S, 2 * D]}), {"Gemm": 1, "com.microsoft::Gelu": 1},
+                ("MatMul", "Add", "Erf"))
+
+
 def conv_activation(activation, bias="input", opset=13):
     """Conv then activation. bias "input": Conv's own bias (torch, tf2onnx); "add": a bias-free
     Conv then Add of a (1, C, 1, 1) constant (keras2onnx / tf2onnx BiasAdd left apart)."""
@@ -484,6 +522,7 @@ BIAS_ACTIVATION_CASES = {
        for a in ("Relu", "Sigmoid", "Tanh", "LeakyRelu")},
     **{f"conv-{a}": (lambda a=a: conv_activation(a))
        for a in ("Relu", "Sigmoid", "Tanh", "LeakyRelu")},
+    "keras-dense-gelu": dense_gelu,
     "conv-relu6-clip-inputs-opset11": lambda: conv_activation("Clip6", opset=11),
     "conv-relu6-clip-attributes-opset10": lambda: conv_activation("Clip6", opset=10),
     "conv-add-bias-relu": lambda: conv_activation("Relu", bias="add"),
