@@ -99,17 +99,20 @@ def _ulps(n: float, magnitude=None):
     return bound
 
 
+# A bound here covers the roundings before the last; the agreement module adds the last, the
+# rounding to the output type (u_out |y|). One correctly rounded IEEE operation therefore has
+# nothing more to add.
 RULES[("", "Add")] = RULES[("", "Sub")] = RULES[("", "Mul")] = Rule(
-    _ulps(1), "one IEEE operation, correctly rounded: half an ulp of the exact result (one u)")
+    _ulps(0), "one IEEE operation, correctly rounded: only the rounding to the output type")
 RULES[("", "Div")] = Rule(
-    _ulps(2), "a / b, or a * (1/b) as vectorised kernels compute it: two roundings")
-RULES[("", "LeakyRelu")] = Rule(_ulps(1), "alpha * x for x < 0: one rounding")
+    _ulps(1), "a / b, or a * (1/b) as vectorised kernels compute it: one rounding more")
+RULES[("", "LeakyRelu")] = Rule(_ulps(0), "alpha * x for x < 0: one rounding, the output's")
 RULES[("", "Sigmoid")] = Rule(
     _ulps(4), "1 / (1 + e^-x): exp within 2 ulps, then an add and a divide; no cancellation")
 RULES[("", "Exp")] = Rule(_ulps(4), "a libm or vectorised exp is within a few ulps")
 RULES[("", "Log")] = Rule(_ulps(4), "a libm log is within a few ulps")
-RULES[("", "Sqrt")] = Rule(_ulps(1), "IEEE sqrt is correctly rounded")
-RULES[("", "Reciprocal")] = Rule(_ulps(1), "one correctly rounded division")
+RULES[("", "Sqrt")] = Rule(_ulps(0), "IEEE sqrt is correctly rounded: the output's rounding")
+RULES[("", "Reciprocal")] = Rule(_ulps(0), "one correctly rounded division: the output's rounding")
 RULES[("", "Erf")] = Rule(_ulps(4), "a libm or polynomial erf is within a few ulps")
 
 
