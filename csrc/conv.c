@@ -5,42 +5,44 @@
 #include "kernels.h"
 #include "internal.h"
 
+/* 64-bit throughout (see internal.h); only the arguments of BLAS calls are int, and the
+ * wrapper keeps those (GEMM depth, output plane, channels per group) within 2^31 - 1. */
 struct conv_geometry {
-    int channels, in_h, in_w, k_h, k_w, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
-    int out_h, out_w;
+    int64_t channels, in_h, in_w, k_h, k_w, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
+    int64_t out_h, out_w;
 };
 
 /* Columns [start, start + count) of the im2col matrix of one group's input:
  * col[(c, ky, kx), j] = x[c, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw] for output position
  * j = (oy, ox), 0 where that lands in the padding.  col rows are `count` long. */
 VECTOR_CLONES
-static void im2col_block(const float *x, const struct conv_geometry *g, int start, int count,
-                         float *col)
+static void im2col_block(const float *x, const struct conv_geometry *g, int64_t start,
+                         int64_t count, float *col)
 {
-    int rows = g->channels * g->k_h * g->k_w;
-    for (int r = 0; r < rows; ++r) {
-        int c = r / (g->k_h * g->k_w), ky = (r / g->k_w) % g->k_h, kx = r % g->k_w;
+    int64_t rows = g->channels * g->k_h * g->k_w;
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t c = r / (g->k_h * g->k_w), ky = (r / g->k_w) % g->k_h, kx = r % g->k_w;
         const float *xc = x + (size_t)c * g->in_h * g->in_w;
         float *out = col + (size_t)r * count;
-        int oy = start / g->out_w, ox = start % g->out_w, x0 = kx * g->dil_w - g->pad_left;
-        int lo, hi; /* output columns that read inside the input row */
+        int64_t oy = start / g->out_w, ox = start % g->out_w, x0 = kx * g->dil_w - g->pad_left;
+        int64_t lo, hi; /* output columns that read inside the input row */
         inside_range(x0, g->stride_w, g->in_w, g->out_w, &lo, &hi);
-        for (int i = 0; i < count; ox = 0, ++oy) {
-            int run = g->out_w - ox < count - i ? g->out_w - ox : count - i;
-            int iy = oy * g->stride_h - g->pad_top + ky * g->dil_h;
+        for (int64_t i = 0; i < count; ox = 0, ++oy) {
+            int64_t run = g->out_w - ox < count - i ? g->out_w - ox : count - i;
+            int64_t iy = oy * g->stride_h - g->pad_top + ky * g->dil_h;
             float *dst = out + i - ox; /* dst[o] is output column o of this row */
             if (iy < 0 || iy >= g->in_h) {
-                memset(dst + ox, 0, sizeof(float) * run);
+                memset(dst + ox, 0, sizeof(float) * (size_t)run);
             } else {
                 const float *xrow = xc + (size_t)iy * g->in_w;
-                int end = ox + run, a = lo > ox ? lo : ox, b = hi < end ? hi : end;
+                int64_t end = ox + run, a = lo > ox ? lo : ox, b = hi < end ? hi : end;
                 if (a > b) a = b = end;
-                for (int o = ox; o < a; ++o) dst[o] = 0.0f;
+                for (int64_t o = ox; o < a; ++o) dst[o] = 0.0f;
                 if (g->stride_w == 1 && b > a)
-                    memcpy(dst + a, xrow + a + x0, sizeof(float) * (b - a));
+                    memcpy(dst + a, xrow + a + x0, sizeof(float) * (size_t)(b - a));
                 else if (b > a)
-                    for (int o = a; o < b; ++o) dst[o] = xrow[o * g->stride_w + x0];
-                for (int o = b; o < end; ++o) dst[o] = 0.0f;
+                    for (int64_t o = a; o < b; ++o) dst[o] = xrow[o * g->stride_w + x0];
+                for (int64_t o = b; o < end; ++o) dst[o] = 0.0f;
             }
             i += run;
         }
@@ -54,12 +56,13 @@ static int is_pointwise(const struct conv_geometry *g)
 }
 
 /* y[i] += a * x[i * stride]; restrict lets the compiler vectorise the stride-1 loop. */
-static inline void axpy(float *restrict y, const float *restrict x, int stride, float a, int n)
+static inline void axpy(float *restrict y, const float *restrict x, int64_t stride, float a,
+                        int64_t n)
 {
     if (stride == 1)
-        for (int i = 0; i < n; ++i) y[i] += a * x[i];
+        for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
     else
-        for (int i = 0; i < n; ++i) y[i] += a * x[i * stride];
+        for (int64_t i = 0; i < n; ++i) y[i] += a * x[i * stride];
 }
 
 /* One output plane of a depthwise convolution: tap by tap over whole output rows, so the inner
@@ -67,17 +70,17 @@ static inline void axpy(float *restrict y, const float *restrict x, int stride, 
  * that read inside the input. */
 VECTOR_CLONES
 static void depthwise_plane(const float *xc, const float *wc, float *yc,
-                            const struct conv_geometry *g, const int *inside)
+                            const struct conv_geometry *g, const int64_t *inside)
 {
-    for (int oy = 0; oy < g->out_h; ++oy) {
-        int y0 = oy * g->stride_h - g->pad_top, fy, ly;
+    for (int64_t oy = 0; oy < g->out_h; ++oy) {
+        int64_t y0 = oy * g->stride_h - g->pad_top, fy, ly;
         taps_inside(y0, g->k_h, g->dil_h, 0, g->in_h, &fy, &ly);
         float *yrow = yc + (size_t)oy * g->out_w;
-        for (int ox = 0; ox < g->out_w; ++ox) yrow[ox] = 0.0f;
-        for (int ky = fy; ky < ly; ++ky) {
+        for (int64_t ox = 0; ox < g->out_w; ++ox) yrow[ox] = 0.0f;
+        for (int64_t ky = fy; ky < ly; ++ky) {
             const float *row = xc + (size_t)(y0 + ky * g->dil_h) * g->in_w;
-            for (int kx = 0; kx < g->k_w; ++kx) {
-                int x0 = kx * g->dil_w - g->pad_left, lo = inside[2 * kx], hi = inside[2 * kx + 1];
+            for (int64_t kx = 0; kx < g->k_w; ++kx) {
+                int64_t x0 = kx * g->dil_w - g->pad_left, lo = inside[2 * kx], hi = inside[2 * kx + 1];
                 if (hi > lo)
                     axpy(yrow + lo, row + lo * g->stride_w + x0, g->stride_w,
                          wc[ky * g->k_w + kx], hi - lo);
@@ -93,11 +96,11 @@ static void depthwise_plane(const float *xc, const float *wc, float *yc,
  * run-time alias check and runs the scalar copy. */
 static inline void depthwise3x3_row(float *restrict y, const float *restrict r0,
                                     const float *restrict r1, const float *restrict r2,
-                                    const float *restrict w, int n)
+                                    const float *restrict w, int64_t n)
 {
     const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6],
                 w7 = w[7], w8 = w[8];
-    for (int ox = 0; ox < n; ++ox)
+    for (int64_t ox = 0; ox < n; ++ox)
         y[ox] = w0 * r0[ox] + w1 * r0[ox + 1] + w2 * r0[ox + 2]
               + w3 * r1[ox] + w4 * r1[ox + 1] + w5 * r1[ox + 2]
               + w6 * r2[ox] + w7 * r2[ox + 1] + w8 * r2[ox + 2];
@@ -106,11 +109,11 @@ static inline void depthwise3x3_row(float *restrict y, const float *restrict r0,
 /* A 3x3 depthwise plane from a zero-padded copy of its input (rows pw wide): every output
  * takes its 9 taps in one pass, so the loop over x carries 9 multiply-adds per element. */
 VECTOR_CLONES
-static void depthwise3x3_plane(const float *padded, int pw, const float *wc, float *yc,
+static void depthwise3x3_plane(const float *padded, int64_t pw, const float *wc, float *yc,
                                const struct conv_geometry *g)
 {
-    int s = g->stride_w, dx = g->dil_w, dy = g->dil_h;
-    for (int oy = 0; oy < g->out_h; ++oy) {
+    int64_t s = g->stride_w, dx = g->dil_w, dy = g->dil_h;
+    for (int64_t oy = 0; oy < g->out_h; ++oy) {
         const float *r0 = padded + (size_t)oy * g->stride_h * pw;
         const float *r1 = r0 + (size_t)dy * pw, *r2 = r1 + (size_t)dy * pw;
         float *yrow = yc + (size_t)oy * g->out_w;
@@ -118,8 +121,8 @@ static void depthwise3x3_plane(const float *padded, int pw, const float *wc, flo
             depthwise3x3_row(yrow, r0, r1, r2, wc, g->out_w);
             continue;
         }
-        for (int ox = 0; ox < g->out_w; ++ox) {
-            int ix = ox * s;
+        for (int64_t ox = 0; ox < g->out_w; ++ox) {
+            int64_t ix = ox * s;
             yrow[ox] = wc[0] * r0[ix] + wc[1] * r0[ix + dx] + wc[2] * r0[ix + 2 * dx]
                      + wc[3] * r1[ix] + wc[4] * r1[ix + dx] + wc[5] * r1[ix + 2 * dx]
                      + wc[6] * r2[ix] + wc[7] * r2[ix + dx] + wc[8] * r2[ix + 2 * dx];
@@ -128,13 +131,13 @@ static void depthwise3x3_plane(const float *padded, int pw, const float *wc, flo
 }
 
 /* 3x3 depthwise over all planes, each through a per-thread zero-padded copy of its input. */
-static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int batch, int group,
-                             const float *w, int out_c, float *y)
+static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int64_t batch,
+                             int64_t group, const float *w, int64_t out_c, float *y)
 {
-    int per_channel = out_c / group;
+    int64_t per_channel = out_c / group;
     /* the padded plane holds every row and column a tap reads, the far pads included */
-    int ph = (g->out_h - 1) * g->stride_h + 2 * g->dil_h + 1;
-    int pw = (g->out_w - 1) * g->stride_w + 2 * g->dil_w + 1;
+    int64_t ph = (g->out_h - 1) * g->stride_h + 2 * g->dil_h + 1;
+    int64_t pw = (g->out_w - 1) * g->stride_w + 2 * g->dil_w + 1;
     if (ph < g->in_h + g->pad_top) ph = g->in_h + g->pad_top;
     if (pw < g->in_w + g->pad_left) pw = g->in_w + g->pad_left;
     size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
@@ -150,9 +153,9 @@ static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int 
         const float *xc = x + ((size_t)b * group + (size_t)(oc / per_channel)) * in_plane;
         float *padded = scratch + padded_plane * omp_get_thread_num();
         /* the border stays zero from calloc: only the interior is ever written */
-        for (int iy = 0; iy < g->in_h; ++iy)
+        for (int64_t iy = 0; iy < g->in_h; ++iy)
             memcpy(padded + (size_t)(iy + g->pad_top) * pw + g->pad_left,
-                   xc + (size_t)iy * g->in_w, sizeof(float) * g->in_w);
+                   xc + (size_t)iy * g->in_w, sizeof(float) * (size_t)g->in_w);
         depthwise3x3_plane(padded, pw, w + (size_t)oc * 9, y + (size_t)p * plane, g);
     }
     free(scratch);
@@ -161,14 +164,14 @@ static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int 
 
 /* One input channel per group (depthwise, out_c / group outputs per channel): a direct loop
  * per output plane, parallel over planes; im2col would feed BLAS one tiny GEMV per channel. */
-static int conv_depthwise(const float *x, const struct conv_geometry *g, int batch, int group,
-                          const float *w, int out_c, float *y)
+static int conv_depthwise(const float *x, const struct conv_geometry *g, int64_t batch,
+                          int64_t group, const float *w, int64_t out_c, float *y)
 {
-    int per_channel = out_c / group, taps = g->k_h * g->k_w;
-    int *inside = malloc(sizeof(int) * 2 * (size_t)g->k_w);
+    int64_t per_channel = out_c / group, taps = g->k_h * g->k_w;
+    int64_t *inside = malloc(sizeof(int64_t) * 2 * (size_t)g->k_w);
     if (inside == NULL)
         return -1;
-    for (int kx = 0; kx < g->k_w; ++kx)
+    for (int64_t kx = 0; kx < g->k_w; ++kx)
         inside_range(kx * g->dil_w - g->pad_left, g->stride_w, g->in_w, g->out_w,
                      &inside[2 * kx], &inside[2 * kx + 1]);
     size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
@@ -186,11 +189,11 @@ static int conv_depthwise(const float *x, const struct conv_geometry *g, int bat
 /* y[c, j] = act(y[c, j] + bias[c] + residual[c, j]) for channels [0, channels) and output
  * positions j in [start, start + count); y and residual have planes of `plane`. */
 VECTOR_CLONES
-static void output_block(float *y, const float *bias, const float *residual, int channels,
+static void output_block(float *y, const float *bias, const float *residual, int64_t channels,
                          size_t plane, size_t start, size_t count, int act, float alpha,
                          float beta)
 {
-    for (int c = 0; c < channels; ++c) {
+    for (int64_t c = 0; c < channels; ++c) {
         float *yc = y + (size_t)c * plane + start;
         if (bias != NULL) {
             float bc = bias[c];
@@ -205,8 +208,9 @@ static void output_block(float *y, const float *bias, const float *residual, int
 }
 
 /* The output step over whole images, parallel over channels. */
-static void output_step(float *y, int batch, int channels, size_t plane, const float *bias,
-                        const float *residual, int act, float alpha, float beta)
+static void output_step(float *y, int64_t batch, int64_t channels, size_t plane,
+                        const float *bias, const float *residual, int act, float alpha,
+                        float beta)
 {
     int64_t planes = (int64_t)batch * channels;
     #pragma omp parallel for num_threads(threads_for((size_t)planes * plane)) schedule(static)
@@ -220,22 +224,22 @@ enum { COL_BLOCK_FLOATS = 256 * 1024, MIN_BLOCK_COLUMNS = 64 };
 
 /* Output positions per im2col block: the block (depth x columns) stays within a few hundred
  * KiB, so it is still in cache when the GEMM reads it. */
-static int block_columns(int depth, size_t plane)
+static int64_t block_columns(int64_t depth, size_t plane)
 {
     size_t cols = COL_BLOCK_FLOATS / (size_t)depth;
     cols = cols < MIN_BLOCK_COLUMNS ? MIN_BLOCK_COLUMNS : cols / 16 * 16;
-    return cols < plane ? (int)cols : (int)plane;
+    return (int64_t)(cols < plane ? cols : plane);
 }
 
 /* General convolution: im2col a block of output positions, one single-threaded GEMM for it,
  * then its output step, each block on one OpenMP thread. */
-static int conv_im2col(const float *x, const struct conv_geometry *g, int batch, int group,
-                       const float *w, int out_c, const float *bias, const float *residual,
-                       float *y, int act, float alpha, float beta)
+static int conv_im2col(const float *x, const struct conv_geometry *g, int64_t batch,
+                       int64_t group, const float *w, int64_t out_c, const float *bias,
+                       const float *residual, float *y, int act, float alpha, float beta)
 {
-    int out_per_group = out_c / group, depth = g->channels * g->k_h * g->k_w;
+    int64_t out_per_group = out_c / group, depth = g->channels * g->k_h * g->k_w;
     size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
-    int columns = block_columns(depth, plane);
+    int64_t columns = block_columns(depth, plane);
     int64_t blocks = ((int64_t)plane + columns - 1) / columns;
     int64_t tasks = (int64_t)batch * group * blocks;
     size_t work = (size_t)tasks * columns * depth * (size_t)out_per_group / 64;
@@ -248,14 +252,15 @@ static int conv_im2col(const float *x, const struct conv_geometry *g, int batch,
     #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int64_t t = 0; t < tasks; ++t) {
         int64_t image = t / (group * blocks), gi = (t / blocks) % group, blk = t % blocks;
-        int start = (int)(blk * columns);
-        int count = plane - start < (size_t)columns ? (int)(plane - start) : columns;
+        int64_t start = blk * columns;
+        int64_t count = (int64_t)plane - start < columns ? (int64_t)plane - start : columns;
         float *col = cols + (size_t)depth * columns * omp_get_thread_num();
         const float *xg = x + ((size_t)image * group * g->channels + (size_t)gi * g->channels) * in_plane;
         size_t y_offset = ((size_t)image * out_c + (size_t)gi * out_per_group) * plane;
         im2col_block(xg, g, start, count, col);
-        gemm_block(0, 0, out_per_group, count, depth, 1.0f, w + (size_t)gi * out_per_group * depth,
-                   depth, col, count, 0.0f, y + y_offset + start, (int)plane);
+        gemm_block(0, 0, (int)out_per_group, (int)count, (int)depth, 1.0f,
+                   w + (size_t)gi * out_per_group * depth, (int)depth, col, (int)count, 0.0f,
+                   y + y_offset + start, (int)plane);
         output_block(y + y_offset, bias != NULL ? bias + gi * out_per_group : NULL,
                      residual != NULL ? residual + y_offset : NULL, out_per_group, plane, start,
                      count, act, alpha, beta);
@@ -270,13 +275,13 @@ static int conv_im2col(const float *x, const struct conv_geometry *g, int batch,
  * oy * Wp + ox] is a plain GEMM over a "wide" output that has Wp - out_w junk columns per row,
  * dropped in the output step.  Each tap's GEMM has depth in_c (not in_c * taps) but reads
  * nothing twice in memory. */
-static int conv_shifted(const float *x, const struct conv_geometry *g, int batch, int group,
-                        const float *w, int out_c, int pad_bottom, int pad_right,
-                        const float *bias, const float *residual, float *y, int act,
-                        float alpha, float beta)
+static int conv_shifted(const float *x, const struct conv_geometry *g, int64_t batch,
+                        int64_t group, const float *w, int64_t out_c, int64_t pad_bottom,
+                        int64_t pad_right, const float *bias, const float *residual, float *y,
+                        int act, float alpha, float beta)
 {
-    int cin = g->channels, out_per_group = out_c / group, taps = g->k_h * g->k_w;
-    int wp = g->in_w + g->pad_left + pad_right, hp = g->in_h + g->pad_top + pad_bottom;
+    int64_t cin = g->channels, out_per_group = out_c / group, taps = g->k_h * g->k_w;
+    int64_t wp = g->in_w + g->pad_left + pad_right, hp = g->in_h + g->pad_top + pad_bottom;
     size_t padded_plane = (size_t)hp * wp, tail = (size_t)(g->k_w - 1) * g->dil_w;
     size_t wide_plane = (size_t)g->out_h * wp, plane = (size_t)g->out_h * g->out_w;
     float *xpad = calloc((size_t)cin * padded_plane + tail, sizeof(float));
@@ -286,32 +291,33 @@ static int conv_shifted(const float *x, const struct conv_geometry *g, int batch
         free(xpad), free(packed), free(wide);
         return -1;
     }
-    for (int b = 0; b < batch; ++b) {
-        for (int gi = 0; gi < group; ++gi) {
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t gi = 0; gi < group; ++gi) {
             const float *xg = x + ((size_t)b * group + gi) * cin * g->in_h * g->in_w;
             const float *wg = w + (size_t)gi * out_per_group * cin * taps;
-            for (int c = 0; c < cin; ++c)
-                for (int iy = 0; iy < g->in_h; ++iy)
+            for (int64_t c = 0; c < cin; ++c)
+                for (int64_t iy = 0; iy < g->in_h; ++iy)
                     memcpy(xpad + c * padded_plane + (size_t)(iy + g->pad_top) * wp + g->pad_left,
-                           xg + ((size_t)c * g->in_h + iy) * g->in_w, sizeof(float) * g->in_w);
-            for (int t = 0; t < taps; ++t)
-                for (int oc = 0; oc < out_per_group; ++oc)
-                    for (int c = 0; c < cin; ++c)
+                           xg + ((size_t)c * g->in_h + iy) * g->in_w,
+                           sizeof(float) * (size_t)g->in_w);
+            for (int64_t t = 0; t < taps; ++t)
+                for (int64_t oc = 0; oc < out_per_group; ++oc)
+                    for (int64_t c = 0; c < cin; ++c)
                         packed[((size_t)t * out_per_group + oc) * cin + c] =
                             wg[((size_t)oc * cin + c) * taps + t];
-            for (int t = 0; t < taps; ++t) {
+            for (int64_t t = 0; t < taps; ++t) {
                 size_t offset = (size_t)(t / g->k_w) * g->dil_h * wp + (size_t)(t % g->k_w) * g->dil_w;
-                gemm_parallel(0, 0, out_per_group, (int)wide_plane, cin, 1.0f,
-                              packed + (size_t)t * out_per_group * cin, cin, xpad + offset,
+                gemm_parallel(0, 0, (int)out_per_group, (int)wide_plane, (int)cin, 1.0f,
+                              packed + (size_t)t * out_per_group * cin, (int)cin, xpad + offset,
                               (int)padded_plane, t == 0 ? 0.0f : 1.0f, wide, (int)wide_plane);
             }
             size_t y_offset = ((size_t)b * out_c + (size_t)gi * out_per_group) * plane;
             #pragma omp parallel for num_threads(threads_for((size_t)out_per_group * plane)) schedule(static)
-            for (int oc = 0; oc < out_per_group; ++oc) {
+            for (int64_t oc = 0; oc < out_per_group; ++oc) {
                 float *yc = y + y_offset + (size_t)oc * plane;
-                for (int oy = 0; oy < g->out_h; ++oy)
+                for (int64_t oy = 0; oy < g->out_h; ++oy)
                     memcpy(yc + (size_t)oy * g->out_w, wide + (size_t)oc * wide_plane + (size_t)oy * wp,
-                           sizeof(float) * g->out_w);
+                           sizeof(float) * (size_t)g->out_w);
                 output_block(yc, bias != NULL ? bias + gi * out_per_group + oc : NULL,
                              residual != NULL ? residual + y_offset + (size_t)oc * plane : NULL,
                              1, plane, 0, plane, act, alpha, beta);
@@ -322,15 +328,16 @@ static int conv_shifted(const float *x, const struct conv_geometry *g, int batch
     return 0;
 }
 
-int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const float *w,
-               int out_c, int k_h, int k_w, int group, int stride_h, int stride_w, int pad_top,
-               int pad_left, int dil_h, int dil_w, const float *bias, const float *residual,
-               float *y, int out_h, int out_w, int act, float act_alpha, float act_beta)
+int conv2d_f32(const float *x, int64_t batch, int64_t in_c, int64_t in_h, int64_t in_w,
+               const float *w, int64_t out_c, int64_t k_h, int64_t k_w, int64_t group,
+               int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+               int64_t dil_h, int64_t dil_w, const float *bias, const float *residual, float *y,
+               int64_t out_h, int64_t out_w, int act, float act_alpha, float act_beta)
 {
     struct conv_geometry g = {in_c / group, in_h, in_w, k_h, k_w, stride_h, stride_w,
                               pad_top, pad_left, dil_h, dil_w, out_h, out_w};
-    int out_per_group = out_c / group;
-    int depth = g.channels * k_h * k_w; /* GEMM k: one column of im2col */
+    int64_t out_per_group = out_c / group;
+    int64_t depth = g.channels * k_h * k_w; /* GEMM k: one column of im2col */
     size_t plane = (size_t)out_h * out_w, in_plane = (size_t)in_h * in_w;
     if (plane == 0 || out_c == 0 || batch == 0)
         return 0;
@@ -343,20 +350,24 @@ int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const fl
     } else if (depth == 0) {
         memset(y, 0, sizeof(float) * (size_t)batch * out_c * plane);
     } else if (is_pointwise(&g)) {
-        for (int b = 0; b < batch; ++b)
-            for (int gi = 0; gi < group; ++gi)
-                gemm_parallel(0, 0, out_per_group, (int)plane, depth, 1.0f,
-                              w + (size_t)gi * out_per_group * depth, depth,
+        for (int64_t b = 0; b < batch; ++b)
+            for (int64_t gi = 0; gi < group; ++gi)
+                gemm_parallel(0, 0, (int)out_per_group, (int)plane, (int)depth, 1.0f,
+                              w + (size_t)gi * out_per_group * depth, (int)depth,
                               x + ((size_t)b * in_c + (size_t)gi * g.channels) * in_plane,
                               (int)plane, 0.0f,
                               y + ((size_t)b * out_c + (size_t)gi * out_per_group) * plane,
                               (int)plane);
     } else {
-        int pad_bottom = out_h + (k_h - 1) * dil_h - in_h - pad_top;
-        int pad_right = out_w + (k_w - 1) * dil_w - in_w - pad_left;
+        int64_t pad_bottom = out_h + (k_h - 1) * dil_h - in_h - pad_top;
+        int64_t pad_right = out_w + (k_w - 1) * dil_w - in_w - pad_left;
         /* re-laying out big weights on every call costs more than im2col saves on small planes */
         int small_weights = (size_t)out_per_group * g.channels <= 128 * 128 || plane >= 784;
-        if (stride_h == 1 && stride_w == 1 && pad_bottom >= 0 && pad_right >= 0 && small_weights)
+        /* its GEMMs walk the padded plane: their leading dimensions must fit the BLAS's int */
+        int64_t padded_plane = (in_h + pad_top + pad_bottom) * (in_w + pad_left + pad_right);
+        int fits = padded_plane <= INT32_MAX && out_h * (in_w + pad_left + pad_right) <= INT32_MAX;
+        if (stride_h == 1 && stride_w == 1 && pad_bottom >= 0 && pad_right >= 0 && small_weights
+            && fits)
             return conv_shifted(x, &g, batch, group, w, out_c, pad_bottom, pad_right, bias,
                                 residual, y, act, act_alpha, act_beta);
         return conv_im2col(x, &g, batch, group, w, out_c, bias, residual, y, act, act_alpha,

@@ -54,20 +54,21 @@ void gemm_parallel(int trans_a, int trans_b, int m, int n, int k, float alpha, c
         gemm_block(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
-    int split_rows = m >= n, extent = split_rows ? m : n;
+    int split_rows = m >= n;
+    int64_t extent = split_rows ? m : n; /* 64-bit: extent + count or start + per may pass 2^31 */
     #pragma omp parallel num_threads(threads)
     {
-        int t = omp_get_thread_num(), count = omp_get_num_threads();
-        int per = ((extent + count - 1) / count + BLOCK_ALIGN - 1) / BLOCK_ALIGN * BLOCK_ALIGN;
-        int start = t * per, len = extent - start < per ? extent - start : per;
+        int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
+        int64_t per = ((extent + count - 1) / count + BLOCK_ALIGN - 1) / BLOCK_ALIGN * BLOCK_ALIGN;
+        int64_t start = t * per, len = extent - start < per ? extent - start : per;
         if (len > 0 && split_rows) {
             const float *a_rows = trans_a ? a + start : a + (size_t)start * lda;
-            gemm_block(trans_a, trans_b, len, n, k, alpha, a_rows, lda, b, ldb, beta,
+            gemm_block(trans_a, trans_b, (int)len, n, k, alpha, a_rows, lda, b, ldb, beta,
                        c + (size_t)start * ldc, ldc);
         } else if (len > 0) {
             const float *b_cols = trans_b ? b + (size_t)start * ldb : b + start;
-            gemm_block(trans_a, trans_b, m, len, k, alpha, a, lda, b_cols, ldb, beta, c + start,
-                       ldc);
+            gemm_block(trans_a, trans_b, m, (int)len, k, alpha, a, lda, b_cols, ldb, beta,
+                       c + start, ldc);
         }
     }
 }
@@ -77,13 +78,13 @@ static void fill_scaled_c(float *y, int m, int n, float beta, const float *c, in
                           int64_t cs)
 {
     #pragma omp parallel for num_threads(threads_for((size_t)m * n)) schedule(static)
-    for (int i = 0; i < m; ++i) {
+    for (int64_t i = 0; i < m; ++i) {
         float *row = y + (size_t)i * n;
         const float *crow = c + i * rs;
         if (cs == 1)
-            for (int j = 0; j < n; ++j) row[j] = beta * crow[j];
+            for (int64_t j = 0; j < n; ++j) row[j] = beta * crow[j];
         else
-            for (int j = 0; j < n; ++j) row[j] = beta * crow[j * cs];
+            for (int64_t j = 0; j < n; ++j) row[j] = beta * crow[j * cs];
     }
 }
 
@@ -124,12 +125,12 @@ void gemm_batched_f32(int trans_a, int trans_b, int batch, int m, int n, int k, 
         double useful = (double)batch * m * n * k / MIN_FLOPS_PER_THREAD;
         int outer = useful < 1.0 ? 1 : useful < threads ? (int)useful : threads;
         #pragma omp parallel for num_threads(outer) schedule(static)
-        for (int i = 0; i < batch; ++i)
+        for (int64_t i = 0; i < batch; ++i)
             gemm_block(trans_a, trans_b, m, n, k, alpha, a + i * a_batch_stride, lda,
                        b + i * b_batch_stride, ldb, 0.0f, y + i * y_stride, n);
         return;
     }
-    for (int i = 0; i < batch; ++i)
+    for (int64_t i = 0; i < batch; ++i)
         gemm_parallel(trans_a, trans_b, m, n, k, alpha, a + i * a_batch_stride, lda,
                       b + i * b_batch_stride, ldb, 0.0f, y + i * y_stride, n);
 }

@@ -2,6 +2,7 @@
 #ifndef KERNELS_INTERNAL_H
 #define KERNELS_INTERNAL_H
 #include <stddef.h>
+#include <stdint.h>
 
 /* Hot loops built twice, for AVX2+FMA (x86-64-v3) and for the baseline, picked at load time:
  * the extension is built once per install but must run on any x86-64. */
@@ -27,24 +28,31 @@ void gemm_parallel(int trans_a, int trans_b, int m, int n, int k, float alpha, c
 /* y[i] = act(y[i]) in place. */
 void activate_inplace(float *y, size_t n, int act, float alpha, float beta);
 
-/* Window taps [first, last) along one axis that land inside [lo, hi). */
-static inline void taps_inside(int start, int kernel, int dil, int lo, int hi, int *first, int *last)
+/* Window geometry is int64_t throughout: a dimension, pad, stride or dilation may each be up
+ * to the largest int32, and their sums and products (a dilated window's span, o * stride +
+ * offset) then exceed 32 bits. */
+
+/* Window taps [first, last) along one axis that land inside [lo, hi): tap t sits at
+ * start + t * dil. */
+static inline void taps_inside(int64_t start, int64_t kernel, int64_t dil, int64_t lo, int64_t hi,
+                               int64_t *first, int64_t *last)
 {
-    int f = 0, l = kernel;
-    while (f < kernel && start + f * dil < lo) ++f;
-    while (l > f && start + (l - 1) * dil >= hi) --l;
+    int64_t f = start >= lo ? 0 : (lo - start + dil - 1) / dil; /* first tap at or after lo */
+    int64_t l = start >= hi ? 0 : (hi - 1 - start) / dil + 1;   /* taps before hi */
+    if (f > kernel) f = kernel;
+    if (l > kernel) l = kernel;
     *first = f;
-    *last = l;
+    *last = l > f ? l : f;
 }
 
 /* Output positions [lo, hi) along one axis whose input index o * stride + offset lies in
  * [0, in_size); positions outside read padding. */
-static inline void inside_range(int offset, int stride, int in_size, int out_size, int *lo,
-                                int *hi)
+static inline void inside_range(int64_t offset, int64_t stride, int64_t in_size, int64_t out_size,
+                                int64_t *lo, int64_t *hi)
 {
-    int l = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
-    int last = in_size - 1 - offset;
-    int h = last < 0 ? 0 : last / stride + 1;
+    int64_t l = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+    int64_t last = in_size - 1 - offset;
+    int64_t h = last < 0 ? 0 : last / stride + 1;
     l = l < out_size ? l : out_size;
     h = h < out_size ? h : out_size;
     *lo = l;

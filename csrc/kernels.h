@@ -1,6 +1,10 @@
 /* C kernels exported to Python through cffi.  This header is the single source of build.py's
  * cdef (its '#' lines are dropped there).  Float32, row-major, NCHW.  Sizes are checked by the
- * Python wrappers in optimized/kernels.py before any call. */
+ * Python wrappers in optimized/kernels.py before any call.
+ *
+ * Sizes and offsets are 64-bit (int64_t, size_t) in every kernel.  Arguments typed int are the
+ * BLAS's (scipy-openblas32 takes 32-bit dimensions) or small codes and flags; the wrappers
+ * refuse a value past 2^31 - 1 there with an error naming it. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -62,24 +66,26 @@ void gemm_batched_f32(int trans_a, int trans_b, int batch, int m, int n, int k, 
 
 /* y = act(conv(x, w) + bias + residual), NCHW; w is (out_c, in_c / group, k_h, k_w).  bias
  * (out_c) and residual (shaped like y) may be NULL.  Returns 0, or -1 when out of memory. */
-int conv2d_f32(const float *x, int batch, int in_c, int in_h, int in_w, const float *w,
-               int out_c, int k_h, int k_w, int group, int stride_h, int stride_w, int pad_top,
-               int pad_left, int dil_h, int dil_w, const float *bias, const float *residual,
-               float *y, int out_h, int out_w, int act, float act_alpha, float act_beta);
+int conv2d_f32(const float *x, int64_t batch, int64_t in_c, int64_t in_h, int64_t in_w,
+               const float *w, int64_t out_c, int64_t k_h, int64_t k_w, int64_t group,
+               int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+               int64_t dil_h, int64_t dil_w, const float *bias, const float *residual, float *y,
+               int64_t out_h, int64_t out_w, int act, float act_alpha, float act_beta);
 
 /* Max over each window's cells inside the input (NaN propagates; -inf for an empty window).
  * Returns 0, or -1 when out of memory. */
-int maxpool2d_f32(const float *x, int planes, int in_h, int in_w, float *y, int out_h,
-                   int out_w, int k_h, int k_w, int stride_h, int stride_w, int pad_top,
-                   int pad_left, int dil_h, int dil_w);
+int maxpool2d_f32(const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
+                  int64_t out_h, int64_t out_w, int64_t k_h, int64_t k_w, int64_t stride_h,
+                  int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dil_h,
+                  int64_t dil_w);
 
 /* Mean over each window: the divisor counts the cells inside the input, or with
  * count_include_pad the cells inside the input plus its pads (never the ceil-mode overhang).
  * Returns 0, or -1 when out of memory. */
-int avgpool2d_f32(const float *x, int planes, int in_h, int in_w, float *y, int out_h,
-                   int out_w, int k_h, int k_w, int stride_h, int stride_w, int pad_top,
-                   int pad_left, int pad_bottom, int pad_right, int dil_h, int dil_w,
-                   int count_include_pad);
+int avgpool2d_f32(const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
+                  int64_t out_h, int64_t out_w, int64_t k_h, int64_t k_w, int64_t stride_h,
+                  int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t pad_bottom,
+                  int64_t pad_right, int64_t dil_h, int64_t dil_w, int count_include_pad);
 
 /* y[r] = sum / mean / max of row r of x (rows x cols); accumulates in double. */
 void reduce_last_f32(int kind, const float *x, float *y, size_t rows, size_t cols);

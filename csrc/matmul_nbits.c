@@ -267,9 +267,10 @@ static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, in
         float *yi = y + (size_t)i * w->n;
         #pragma omp parallel num_threads(threads)
         {
-            int t = omp_get_thread_num(), count = omp_get_num_threads();
-            int per = (w->n + count - 1) / count;
-            int row0 = t * per, row1 = row0 + per < w->n ? row0 + per : w->n;
+            int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
+            int64_t per = (w->n + count - 1) / count; /* 64-bit: n + count may pass 2^31 */
+            int row0 = (int)(t * per < w->n ? t * per : w->n);
+            int row1 = (int)(t * per + per < w->n ? t * per + per : w->n);
             float *zps = malloc((size_t)w->n_blocks * sizeof(float));
             float *scratch = path == PATH_PORTABLE ? malloc((size_t)padded * sizeof(float)) : zps;
             if (zps == NULL || scratch == NULL) {
@@ -299,9 +300,11 @@ static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, in
 static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, int allow_simd)
 {
     int padded = w->n_blocks * w->block_size, path = gemv_path(w, allow_simd);
-    int rows = PANEL_BYTES / (int)((size_t)padded * sizeof(float));
+    /* 64-bit: a padded row of more than 2^29 floats is more than 2^31 bytes */
+    int64_t row_bytes = (int64_t)padded * (int64_t)sizeof(float);
+    int rows = (int)(PANEL_BYTES / row_bytes);
     rows = rows < PANEL_MIN_ROWS ? PANEL_MIN_ROWS : rows;
-    int panels = (w->n + rows - 1) / rows;
+    int panels = (int)(((int64_t)w->n + rows - 1) / rows);
     double flops = 2.0 * m * w->n * w->k;
     int threads = kernels_get_num_threads();
     if (flops < (1 << 20) || panels < 2)

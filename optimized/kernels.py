@@ -107,8 +107,11 @@ def _rank(name: str, a: np.ndarray, ndim: int) -> None:
 
 
 def _c_int(name: str, value: int) -> int:
-    if value > _INT_MAX:
-        raise ValueError(f"{name}={value} exceeds the C kernels' 32-bit size limit")
+    """value as a C int argument, or ValueError naming it: the kernels index with 64 bits, but
+    the BLAS they call (scipy-openblas32) takes 32-bit dimensions."""
+    if not -_INT_MAX - 1 <= value <= _INT_MAX:
+        raise ValueError(f"{name}={value} exceeds the C kernels' 32-bit int limit "
+                         f"({_INT_MAX}): a BLAS dimension, or an int argument of the kernel")
     return int(value)
 
 
@@ -362,15 +365,16 @@ def matmul(a: np.ndarray, b: np.ndarray, *, alpha: float = 1.0, trans_a: bool = 
     except ValueError:
         raise ValueError(f"MatMul batch axes of {list(a.shape)} and {list(b.shape)} do not "
                          "broadcast") from None
-    out = _output(out, batch + (m, n), a, b)
+    shape = batch + (m, n)
     count = math.prod(batch)
     if b.ndim == 2 and not trans_a:  # one GEMM over every row of a
         m, count = m * math.prod(a.shape[:-2]), 1
+    for name, v in (("M", m), ("N", n), ("K", k), ("batch", count)):
+        _c_int(name, v)
+    out = _output(out, shape, a, b)
     a, b = (_whole_batch(x, batch) for x in (a, b))
     strides = [0 if x.ndim == 2 or math.prod(x.shape[:-2]) == 1 else x.shape[-1] * x.shape[-2]
                for x in (a, b)]
-    for name, v in (("M", m), ("N", n), ("K", k), ("batch", count)):
-        _c_int(name, v)
     lib.gemm_batched_f32(int(bool(trans_a)), int(bool(trans_b)), count, m, n, k, float(alpha),
                          _ptr(a), strides[0], _ptr(b), strides[1], _ptr(out))
     return out
@@ -387,17 +391,14 @@ def _whole_batch(x: np.ndarray, batch: tuple) -> np.ndarray:
 def window_geometry(in_shape, kernel, strides, dilations, pads, auto_pad="NOTSET",
                     ceil_mode=False) -> tuple[list[int], list[int], list[int]]:
     """(pads_begin, pads_end, out_shape) of a sliding window: the reference's geometry (ONNX's
-    Conv/Pool rules), refused when the output would be empty or a value exceeds the C ints."""
+    Conv/Pool rules), refused when the output would be empty.  The C kernels take every value
+    (ONNX's int64 attributes) as int64_t and work their sums and products in 64 bits."""
     begin, end, out = out_geometry(in_shape, kernel, strides, dilations, pads, auto_pad,
                                    ceil_mode)
     if min(out, default=1) < 1:
         raise ValueError(
             f"window of kernel {list(kernel)}, dilations {list(dilations)} does not fit "
             f"input {list(in_shape)} with pads {list(pads)} ({auto_pad})")
-    for name, values in (("pads", begin + end), ("strides", strides), ("dilations", dilations),
-                         ("kernel_shape", kernel), ("output shape", out)):
-        for v in values:
-            _c_int(name, v)
     return begin, end, out
 
 
@@ -439,8 +440,9 @@ def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, stri
     begin, _end, (out_h, out_w) = window_geometry(
         (in_h, in_w), (k_h, k_w), strides, dilations, _pads(pads), auto_pad)
     shape = (batch, out_c, out_h, out_w)
+    # the GEMMs' dimensions (the rest of the geometry is int64_t in C)
     for name, v in (("kernel depth", per_group * k_h * k_w), ("output plane", out_h * out_w),
-                    ("input size", x.size), ("output size", math.prod(shape))):
+                    ("output channels per group", out_c // group)):
         _c_int(name, v)
     if bias is not None:
         bias = _f32("B", bias)
@@ -479,8 +481,6 @@ def _pool_setup(x, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
     pads = _pads(pads)
     begin, end, out_hw = window_geometry(x.shape[2:], kernel, strides, dilations, pads, auto_pad,
                                          bool(ceil_mode))
-    for name, v in (("input size", x.size), ("planes", x.shape[0] * x.shape[1])):
-        _c_int(name, v)
     return x, kernel, strides, dilations, begin, end, out_hw
 
 
@@ -684,7 +684,8 @@ def matmul_nbits(a: np.ndarray, b: np.ndarray, scales: np.ndarray,
         if bias.shape != (n,):
             raise ValueError(f"bias must have shape {[n]}, got {list(bias.shape)}")
     m = a.size // k if k else math.prod(a.shape[:-1])
-    for name, v in (("M", m), ("N", n), ("K", k), ("B size", b.size), ("A size", a.size)):
+    for name, v in (("M", m), ("N", n), ("K", k), ("K in whole blocks", blocks * block_size),
+                    ("B size", b.size), ("A size", a.size)):
         _c_int(name, v)
     out = _output(out, a.shape[:-1] + (n,), a, scales, *(x for x in (bias,) if x is not None))
     status = lib.matmul_nbits_f32(

@@ -22,10 +22,11 @@ def cudnn_planner(device):
     """A planner bound to `device`, or None when nvidia-cudnn-frontend is not importable."""
     try:
         import cudnn
-    except Exception:  # noqa: BLE001 - missing wheel or cuDNN library
+
+        handle = cudnn.create_handle()
+        cudnn.set_stream(handle=handle, stream=device.stream.ptr)
+    except Exception:  # noqa: BLE001 - missing wheel, cuDNN library or a version mismatch
         return None
-    handle = cudnn.create_handle()
-    cudnn.set_stream(handle=handle, stream=device.stream.ptr)
     types = {np.dtype(np.float32): cudnn.data_type.FLOAT, np.dtype(np.float16): cudnn.data_type.HALF}
 
     def plan(x, w, b, z, y, strides, dilations, begin, end, group, activation):

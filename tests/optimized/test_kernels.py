@@ -605,7 +605,6 @@ def f32(*shape):
     (lambda: kernels.conv2d(f32(1, 2, 5, 5), f32(1, 2, 3, 3), residual=f32(1, 1, 5, 5)),
      ValueError, "residual"),
     (lambda: kernels.conv2d(f32(2, 5, 5), f32(1, 2, 3, 3)), ValueError, "X must be 4-D"),
-    (lambda: kernels.max_pool2d(f32(1, 1, 4, 4), [2, 2], pads=[0, 0, 2**31, 0]), ValueError, "32-bit"),
     (lambda: kernels.max_pool2d(f32(1, 1, 4, 4), None), ValueError, "kernel_shape is required"),
     (lambda: kernels.max_pool2d(f32(1, 1, 4, 4), [2, 2], auto_pad="SAME"), ValueError, "auto_pad"),
     (lambda: kernels.average_pool2d(f32(1, 1, 4, 4), [2, 2], pads=[0, 0, -1, 0]), ValueError, "pads"),

@@ -111,6 +111,11 @@ CASES = {
     ("", "GlobalAveragePool"): ([rand(0, *X4)], {}),
     ("", "Softmax"): ([rand(0, *XR)], {"axis": -1}),
     ("", "LayerNormalization"): ([rand(0, *XR), rand(1, 10), rand(2, 10)], {"epsilon": 1e-3}),
+    ("", "RMSNormalization"): ([rand(0, *XR), rand(1, 10)], {"epsilon": 1e-3}),
+    ("", "SimplifiedLayerNormalization"): ([rand(0, *XR), rand(1, 10)], {"epsilon": 1e-3}),
+    (MS, "SimplifiedLayerNormalization"): ([rand(0, *XR), rand(1, 10)], {"epsilon": 1e-3}),
+    (MS, "SkipSimplifiedLayerNormalization"): ([rand(0, *XR), rand(1, *XR), rand(2, 10),
+                                                rand(3, 10)], {"epsilon": 1e-3}),
     # 4-bit weights: B (N, blocks, block_size / 2) bytes, scales and packed zero points per block
     (MS, "MatMulNBits"): ([rand(0, 2, 5, NBITS_K), codes(1, NBITS_N, 3, NBITS_BLOCK // 2),
                           rand(2, NBITS_N * 3), codes(3, NBITS_N * 2), None, rand(4, NBITS_N)],
@@ -128,7 +133,7 @@ def reference(key, inputs, attrs):
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
          for n, v in zip(names, inputs) if v is not None],
         [helper.make_empty_tensor_value_info("y")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22),
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23),
                                                     helper.make_opsetid(MS, 1)])
     feeds = {n: np.ascontiguousarray(v) for n, v in zip(names, inputs) if v is not None}
     return ReferenceEvaluator(model, check=False).run(None, feeds)[0]
