@@ -63,20 +63,33 @@ def cudnn_planner(device):
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         graph.check_support()
         graph.build_plans()
-        scratch = [Spec(nhwc[0], x.dtype), Spec(nhwc[1], x.dtype), Spec(nhwc[2], x.dtype),
+        # channels-last copies: weights that are initializers get their own buffer, laid out
+        # once while binding; the rest are scratch, rewritten every run
+        scratch = [Spec(nhwc[0], x.dtype), Spec(nhwc[2], x.dtype),
                    Spec((max(1, graph.get_workspace_size()),), np.uint8)]
         if z is not None:
             scratch.append(Spec(nhwc[2], x.dtype))
+        if not w.constant:
+            scratch.append(Spec(nhwc[1], x.dtype))
 
         def bind(a, o, s):
             xp = device.xp
-            x_l, w_l, y_l, workspace = s[:4]
-            z_l = s[4] if z is not None else None
+            x_l, y_l, workspace = s[:3]
+            z_l = s[3] if z is not None else None
+            w_l = s[-1] if not w.constant else device.empty(nhwc[1], x.dtype)
             pack = {tensors["X"]: x_l, tensors["W"]: w_l, out: y_l}
             if b is not None:
                 pack[tensors["B"]] = a[2]
-            launches = [lambda: xp.copyto(x_l, a[0].transpose(0, 2, 3, 1)),
-                        lambda: xp.copyto(w_l, a[1].transpose(0, 2, 3, 1))]
+            launches = [lambda: xp.copyto(x_l, a[0].transpose(0, 2, 3, 1))]
+
+            def relayout_weights():
+                xp.copyto(w_l, a[1].transpose(0, 2, 3, 1))
+
+            if w.constant:
+                with device.stream:
+                    relayout_weights()
+            else:
+                launches.append(relayout_weights)
             if z is not None:
                 pack[tensors["Z"]] = z_l
                 launches.append(lambda: xp.copyto(z_l, a[3].transpose(0, 2, 3, 1)))

@@ -32,6 +32,7 @@ F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 class Spec:
     shape: tuple
     dtype: np.dtype
+    constant: bool = False  # the same device array on every run (an initializer)
 
     @property
     def nbytes(self) -> int:

@@ -112,7 +112,8 @@ class PlannedRun:
             if isinstance(v, Ref) and k in host_inputs:
                 raise PlanError(node, f"input {k} is read on the host but computed on the device "
                                       f"at run time")
-        specs = [v.spec if isinstance(v, Ref) else v for v in ins]
+        specs = [Spec(v.spec.shape, v.spec.dtype, v.fixed is not None) if isinstance(v, Ref) else v
+                 for v in ins]
         if node.domain == FUSED_DOMAIN and node.op_type == FUSED_OP:
             planned = plan_group(self.device, self.plan.placement.groups[node.name], specs)
         else:
