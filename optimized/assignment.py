@@ -27,22 +27,12 @@ class OrtEpAssignedSubgraph:
 
 
 def assignment_info(plan, providers: list[str]) -> list[OrtEpAssignedSubgraph]:
-    """One subgraph per run of consecutive nodes on the same provider, in plan order."""
+    """One subgraph per node, in plan order, as onnxruntime reports its kernels."""
     placement = getattr(plan, "placement", None)
     if placement is not None:
         nodes = [n for n in placement.model.graph.node if n.name in placement.devices]
-        where = {n.name: placement.devices[n.name] for n in nodes}
-        where = {k: ("CUDAExecutionProvider" if v.upper().startswith("CUDA") else CPU)
-                 for k, v in where.items()}
+        cuda = {n.name for n in nodes if placement.devices[n.name].upper().startswith("CUDA")}
     else:
-        nodes = list(plan.graph.node)
-        where = {}
-    subgraphs: list[OrtEpAssignedSubgraph] = []
-    for node in nodes:
-        ep = where.get(node.name, CPU)
-        item = OrtEpAssignedNode(node.name, node.op_type, node.domain)
-        if subgraphs and subgraphs[-1].ep_name == ep:
-            subgraphs[-1]._nodes.append(item)
-        else:
-            subgraphs.append(OrtEpAssignedSubgraph(ep, [item]))
-    return subgraphs
+        nodes, cuda = list(plan.graph.node), set()
+    return [OrtEpAssignedSubgraph("CUDAExecutionProvider" if n.name in cuda else CPU,
+                                  [OrtEpAssignedNode(n.name, n.op_type, n.domain)]) for n in nodes]

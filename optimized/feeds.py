@@ -53,7 +53,7 @@ def as_strings(array: np.ndarray) -> np.ndarray:
 
 def _text(item) -> str:
     if isinstance(item, np.void):
-        item = bytes(item).rstrip(b"\0")
+        item = bytes(item)
     if isinstance(item, (bytes, bytearray)):
         return bytes(item).decode("utf-8", errors="surrogateescape")
     return item if type(item) is str else str(item)

@@ -7,40 +7,54 @@ import os
 import onnx
 from onnx import ModelProto, external_data_helper, numpy_helper
 
-from reference.evaluator import load_model
+from reference.errors import InvalidModelError
+from reference.loading import load_external_data, load_model, model_tensors, refuse_external_data
 
 from .errors import InvalidArgument
 
 
 def load_for_session(path_or_bytes, options) -> ModelProto:
-    in_memory = options.external_files
-    if in_memory and isinstance(path_or_bytes, (str, os.PathLike)) and os.path.exists(path_or_bytes):
-        model = onnx.load(os.fspath(path_or_bytes), load_external_data=False)
-        fill_external_data(model, in_memory)
-        external_data_helper.load_external_data_for_model(
-            model, os.path.dirname(os.path.abspath(os.fspath(path_or_bytes))))
-    else:
-        model = load_model(path_or_bytes)
-        if in_memory or options.initializers or options.free_dimensions_by_name or \
-                options.free_dimensions_by_denotation:
-            model = _copy(model)
-        fill_external_data(model, in_memory)
+    if not (options.external_files or options.initializers or options.free_dimensions_by_name
+            or options.free_dimensions_by_denotation):
+        return load_model(path_or_bytes)
+    model, folder = _parse(path_or_bytes)
+    fill_external_data(model, options.external_files)
     replace_initializers(model, options.initializers)
+    if folder is None:
+        refuse_external_data(model, "the model was given without a path")
+    else:
+        load_external_data(model, folder)
     fix_free_dimensions(model, options.free_dimensions_by_name, options.free_dimensions_by_denotation)
     return model
 
 
-def _copy(model: ModelProto) -> ModelProto:
-    copy = ModelProto()
-    copy.CopyFrom(model)
-    return copy
+def _parse(path_or_bytes) -> tuple[ModelProto, str | None]:
+    """A copy of the model we may edit, external data not yet read, and its folder (if a path)."""
+    if isinstance(path_or_bytes, (str, os.PathLike)):
+        path = os.fspath(path_or_bytes)
+        if not os.path.isfile(path):
+            return load_model(path), None  # its error names what is wrong
+        try:
+            return onnx.load(path, load_external_data=False), os.path.dirname(os.path.abspath(path))
+        except Exception as e:
+            raise InvalidModelError(f"cannot parse {path}: it is not an ONNX model ({e})") from e
+    if isinstance(path_or_bytes, (bytes, bytearray)):
+        try:
+            return onnx.load_model_from_string(bytes(path_or_bytes)), None
+        except Exception as e:
+            raise InvalidModelError(f"cannot parse model bytes: {e}") from e
+    if isinstance(path_or_bytes, ModelProto):
+        copy = ModelProto()
+        copy.CopyFrom(path_or_bytes)
+        return copy, None
+    return load_model(path_or_bytes), None  # its error names the wrong type
 
 
 def fill_external_data(model: ModelProto, files: dict[str, bytes]) -> None:
     """Initializers whose external data file is given in memory get their bytes from it."""
     if not files:
         return
-    for tensor in _initializers(model.graph):
+    for tensor in model_tensors(model):
         if not external_data_helper.uses_external_data(tensor):
             continue
         info = external_data_helper.ExternalDataInfo(tensor)
@@ -55,16 +69,6 @@ def fill_external_data(model: ModelProto, files: dict[str, bytes]) -> None:
         tensor.raw_data = data[start:end]
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.DEFAULT
-
-
-def _initializers(graph):
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR:
-                yield attribute.t
-            for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                yield from _initializers(sub)
 
 
 def replace_initializers(model: ModelProto, values: dict) -> None:

@@ -85,8 +85,9 @@ def _level(value) -> GraphOptimizationLevel:
 
 def _severity(value) -> int:
     value = _int(value)
-    if not 0 <= value <= 4:
-        raise ValueError(f"log severity {value}: expected 0 (verbose) .. 4 (fatal)")
+    if not -1 <= value <= 4:
+        raise ValueError(f"log severity {value}: expected 0 (verbose) .. 4 (fatal), or -1 (the "
+                         f"default logger's)")
     return value
 
 
@@ -117,7 +118,7 @@ class SessionOptions:
     enable_profiling = _Typed(_bool, False)
     profile_file_prefix = _Typed(_str, "onnxruntime_profile_")
     optimized_model_filepath = _Typed(_str, "")
-    log_severity_level = _Typed(_severity, 2)  # accepted; nothing is logged
+    log_severity_level = _Typed(_severity, -1)  # accepted; nothing is logged
     log_verbosity_level = _Typed(_int, 0)  # accepted
     logid = _Typed(_str, "")
     enable_mem_pattern = _Typed(_bool, True)  # accepted; the plan always reuses slots
@@ -195,7 +196,7 @@ class RunOptions:
     __slots__ = ("_log_severity_level", "_log_verbosity_level", "_logid", "_terminate",
                  "_only_execute_path_to_fetches", "config", "active_adapters")
 
-    log_severity_level = _Typed(_severity, 2)  # accepted; nothing is logged
+    log_severity_level = _Typed(_severity, -1)  # accepted; nothing is logged
     log_verbosity_level = _Typed(_int, 0)  # accepted
     logid = _Typed(_str, "")
     terminate = _Typed(_bool, False)
