@@ -71,8 +71,8 @@ def test_iobinding_with_device_arrays():
     binding.bind_input("x", x)
     binding.bind_output(sess.get_outputs()[0].name, "cuda")
     sess.run_with_iobinding(binding)
-    (y,) = binding.get_outputs()
-    assert isinstance(y, cupy.ndarray)
+    (y,) = binding.get_outputs()  # an OrtValue, as onnxruntime's get_outputs gives
+    assert y.device_name() == "cuda" and isinstance(y.value(), cupy.ndarray)
     np.testing.assert_allclose(binding.copy_outputs_to_cpu()[0], sess.run(None, feeds)[0],
                                rtol=1e-5, atol=1e-6)
     binding.clear_binding_inputs()
