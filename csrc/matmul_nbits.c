@@ -28,7 +28,8 @@ typedef struct {
 } nbits_weights;
 
 /* The zero points of weight row `row`, one per block, as floats. */
-static void row_zero_points(const nbits_weights *w, int row, float *zps)
+static inline __attribute__((always_inline)) void row_zero_points(const nbits_weights *w,
+                                                                   int row, float *zps)
 {
     if (w->zp_float != NULL) {
         memcpy(zps, w->zp_float + (size_t)row * w->n_blocks, (size_t)w->n_blocks * sizeof(float));
@@ -117,36 +118,69 @@ AVX2 static inline __m256 bytes_to_ps(__m128i bytes8)
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8));
 }
 
-/* 4-bit codes, block_size a multiple of 32; a_perm holds a in nibble order: per 32 values,
- * the 16 even-indexed ones (low nibbles) and then the 16 odd-indexed ones (high nibbles). */
-AVX2 static void gemv4_avx2(const nbits_weights *w, const float *a_perm, float *y, int row0,
+/* 4-bit codes, block_size a multiple of 32, a in its own order: each 4 bytes broadcast to the
+ * 8 lanes, shifted by 4 * lane and masked, give 8 codes in order; OR-ing them into the
+ * exponent of 2^23 makes the floats 2^23 + code exactly, so one subtraction of 2^23 + zero
+ * point gives code - zero point (integer zero points; float ones take one more).  ROWS weight
+ * rows at a time share the loads of a. */
+AVX2 static inline __attribute__((always_inline)) void gemv4_block_rows(
+    const nbits_weights *w, const float *a, float *y, int r, float *zps, int integer_zp,
+    const int rows)
+{
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i mask = _mm256_set1_epi32(0x0F), magic = _mm256_set1_epi32(0x4B000000);
+    const float two23 = 8388608.0f;
+    size_t row_bytes = (size_t)w->n_blocks * w->blob;
+    const uint8_t *q[4];
+    const float *sc[4];
+    __m256 acc[4];
+    for (int i = 0; i < rows; ++i) {
+        q[i] = w->b + (size_t)(r + i) * row_bytes;
+        sc[i] = w->scales + (size_t)(r + i) * w->n_blocks;
+        row_zero_points(w, r + i, zps + (size_t)i * w->n_blocks);
+        acc[i] = _mm256_setzero_ps();
+    }
+    for (int blk = 0; blk < w->n_blocks; ++blk) {
+        __m256 offset[4], zp[4], p[4];
+        for (int i = 0; i < rows; ++i) {
+            float z = zps[(size_t)i * w->n_blocks + blk];
+            offset[i] = _mm256_set1_ps(integer_zp ? two23 + z : two23);
+            zp[i] = _mm256_set1_ps(integer_zp ? 0.0f : z);
+            p[i] = _mm256_setzero_ps();
+        }
+        const float *ap = a + (size_t)blk * w->block_size;
+        for (int j = 0; j < w->block_size; j += 8) {
+            __m256 av = _mm256_loadu_ps(ap + j);
+            for (int i = 0; i < rows; ++i) {
+                int32_t word;
+                memcpy(&word, q[i] + j / 2, 4);
+                __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts),
+                                             mask);
+                __m256 f = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(c, magic)),
+                                         offset[i]);
+                if (!integer_zp)
+                    f = _mm256_sub_ps(f, zp[i]);
+                p[i] = _mm256_fmadd_ps(f, av, p[i]);
+            }
+        }
+        for (int i = 0; i < rows; ++i) {
+            acc[i] = _mm256_fmadd_ps(p[i], _mm256_set1_ps(sc[i][blk]), acc[i]);
+            q[i] += w->blob;
+        }
+    }
+    for (int i = 0; i < rows; ++i) y[r + i] = hsum256(acc[i]);
+}
+
+AVX2 static void gemv4_avx2(const nbits_weights *w, const float *a, float *y, int row0,
                             int row1, float *zps)
 {
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    int chunks = w->block_size / 32;
-    for (int r = row0; r < row1; ++r) {
-        const uint8_t *q = w->b + (size_t)r * w->n_blocks * w->blob;
-        const float *sc = w->scales + (size_t)r * w->n_blocks;
-        row_zero_points(w, r, zps);
-        __m256 acc = _mm256_setzero_ps();
-        const float *ap = a_perm;
-        for (int blk = 0; blk < w->n_blocks; ++blk) {
-            __m256 zp = _mm256_set1_ps(zps[blk]);
-            __m256 p0 = _mm256_setzero_ps(), p1 = _mm256_setzero_ps();
-            for (int c = 0; c < chunks; ++c, q += 16, ap += 32) {
-                __m128i bytes = _mm_loadu_si128((const __m128i *)q);
-                __m128i lo = _mm_and_si128(bytes, low4);
-                __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
-                p0 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(lo), zp), _mm256_loadu_ps(ap), p0);
-                p1 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(_mm_srli_si128(lo, 8)), zp),
-                                     _mm256_loadu_ps(ap + 8), p1);
-                p0 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(hi), zp), _mm256_loadu_ps(ap + 16), p0);
-                p1 = _mm256_fmadd_ps(_mm256_sub_ps(bytes_to_ps(_mm_srli_si128(hi, 8)), zp),
-                                     _mm256_loadu_ps(ap + 24), p1);
-            }
-            acc = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(sc[blk]), acc);
-        }
-        y[r] = hsum256(acc);
+    int r = row0;
+    if (w->zp_float == NULL) {
+        for (; r + 4 <= row1; r += 4) gemv4_block_rows(w, a, y, r, zps, 1, 4);
+        for (; r < row1; ++r) gemv4_block_rows(w, a, y, r, zps, 1, 1);
+    } else {
+        for (; r + 4 <= row1; r += 4) gemv4_block_rows(w, a, y, r, zps, 0, 4);
+        for (; r < row1; ++r) gemv4_block_rows(w, a, y, r, zps, 0, 1);
     }
 }
 
@@ -239,17 +273,9 @@ static int gemv_path(const nbits_weights *w, int allow_simd)
     return PATH_PORTABLE;
 }
 
-/* a's row, zero-padded to whole blocks, in the order the chosen path reads it. */
-static void arrange_a(const float *a, int k, int padded, int path, float *out)
+/* a's row, zero-padded to whole blocks. */
+static void arrange_a(const float *a, int k, int padded, float *out)
 {
-    if (path == PATH_AVX2_4BIT) {
-        for (int i = 0; i < padded; ++i) {
-            int base = i / 32 * 32, j = i % 32;
-            int src = base + (j < 16 ? 2 * j : 2 * (j - 16) + 1);
-            out[i] = src < k ? a[src] : 0.0f;
-        }
-        return;
-    }
     memcpy(out, a, (size_t)k * sizeof(float));
     for (int i = k; i < padded; ++i) out[i] = 0.0f;
 }
@@ -263,7 +289,7 @@ static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, in
     int status = 0;
     int threads = threads_for((size_t)w->n * padded / 4);
     for (int i = 0; i < m && status == 0; ++i) {
-        arrange_a(a + (size_t)i * w->k, w->k, padded, path, a_arranged);
+        arrange_a(a + (size_t)i * w->k, w->k, padded, a_arranged);
         float *yi = y + (size_t)i * w->n;
         #pragma omp parallel num_threads(threads)
         {
@@ -271,7 +297,7 @@ static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, in
             int64_t per = (w->n + count - 1) / count; /* 64-bit: n + count may pass 2^31 */
             int row0 = (int)(t * per < w->n ? t * per : w->n);
             int row1 = (int)(t * per + per < w->n ? t * per + per : w->n);
-            float *zps = malloc((size_t)w->n_blocks * sizeof(float));
+            float *zps = malloc((size_t)4 * w->n_blocks * sizeof(float));
             float *scratch = path == PATH_PORTABLE ? malloc((size_t)padded * sizeof(float)) : zps;
             if (zps == NULL || scratch == NULL) {
                 #pragma omp atomic write
