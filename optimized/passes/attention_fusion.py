@@ -42,6 +42,7 @@ from ._graph import (
 )
 
 HEADS_FIRST = [0, 2, 1, 3]
+COPY = "copy"  # a Reshape target entry that keeps the input's dimension
 # what a scale computed from shapes may be made of, and how many nodes
 SHAPE_ARITHMETIC = {"Shape", "Slice", "Gather", "Squeeze", "Unsqueeze", "Cast", "CastLike",
                     "Sqrt", "Reciprocal", "Div", "Mul", "Pow"}
@@ -67,6 +68,8 @@ def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
             key = (inputs[5], query_rows)
             if key not in expanded:
                 expanded[key] = _expand_rows(graph, nodes, inputs[5], query_rows)
+                if not isinstance(query_rows, int):  # S symbolic: read it from the query
+                    new.extend(_rows_of(inputs[0], expanded[key], graph))
                 new.append(helper.make_node("Expand", [inputs[5], expanded[key] + "_shape"],
                                             [expanded[key]], name=expanded[key]))
             inputs[5] = expanded[key]
@@ -83,16 +86,31 @@ def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _expand_rows(graph, nodes, mask, rows) -> str:
-    """A fresh name for the expanded mask, with its target shape stored as `<name>_shape`."""
+    """A fresh name for the expanded mask. Its target shape is `<name>_shape`: an initializer
+    when `rows` is an int, else made by _rows_of (names `<name>_*` are free for it)."""
     taken = {o for n in nodes for o in n.output} | {i.name for i in graph.initializer}
     taken |= {i.name for i in graph.input}
     name, k = f"{mask}_rows", 0
-    while name in taken or f"{name}_shape" in taken:
+    while any(t == name or t.startswith(f"{name}_") for t in taken):
         k += 1
         name = f"{mask}_rows_{k}"
-    graph.initializer.append(numpy_helper.from_array(np.array([1, 1, rows, 1], np.int64),
-                                                     f"{name}_shape"))
+    if isinstance(rows, int):
+        graph.initializer.append(numpy_helper.from_array(np.array([1, 1, rows, 1], np.int64),
+                                                         f"{name}_shape"))
     return name
+
+
+def _rows_of(query, name, graph) -> list:
+    """Nodes making `<name>_shape` = [1, 1, S, 1], S the query's (symbolic) second dim."""
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array([1], np.int64), f"{name}_one"),
+        numpy_helper.from_array(np.array([2], np.int64), f"{name}_two"),
+        numpy_helper.from_array(np.array([1, 1], np.int64), f"{name}_ones")])
+    return [helper.make_node("Shape", [query], [f"{name}_query_shape"]),
+            helper.make_node("Slice", [f"{name}_query_shape", f"{name}_one", f"{name}_two"],
+                             [f"{name}_count"]),
+            helper.make_node("Concat", [f"{name}_ones", f"{name}_count", f"{name}_one"],
+                             [f"{name}_shape"], axis=0)]
 
 
 class _Matcher:
@@ -141,27 +159,30 @@ class _Matcher:
         if q is None or k is None or weighted is None or weighted.input[0] != softmax.output[0]:
             return None
         v = self._split_heads(weighted.input[1], weighted, key=False)
-        merged = self._merge_heads(weighted)
-        if v is None or merged is None:
+        if v is None:
             return None
         (q_in, q_nodes, heads, head_size), (k_in, k_nodes, *k_dims), (v_in, v_nodes, *v_dims) = (
             q, k, v)
         if k_dims != [heads, head_size] or v_dims != [heads, head_size]:
             return None
-        if not self._projections_fit(q_in, k_in, v_in, merged[-1].output[0], heads * head_size):
+        if not self._projections_fit(q_in, k_in, v_in, heads * head_size):
             return None
+        merged = self._merge_heads(weighted, heads * head_size, q_in)
+        if merged is None:
+            return None
+        output = merged[1].output[0]
         query_rows = None
         if mask is not None:
-            query_rows = self._mask_rows(mask, qk.output[0], q_in)
+            query_rows = self._mask_rows(mask, q_in, k_in, heads)
             if query_rows is None:
                 return None
         pattern = (q_nodes + q_scaled + k_nodes + k_scaled + v_nodes + [qk] + scale_nodes
                    + mask_add + [softmax, weighted] + merged)
         pattern = list({id(n): n for n in pattern}.values())  # Q and K^T share a scale
-        if not private_values(pattern, {merged[-1].output[0]}, self.uses, self.outputs):
+        if not private_values(pattern, {output}, self.uses, self.outputs):
             return None
         inputs = [q_in, k_in, v_in, "", "", mask or ""]
-        return pattern, inputs, merged[-1].output[0], heads, scale, query_rows
+        return pattern, inputs, output, heads, scale, query_rows
 
     def _unscaled(self, logits):
         """(the MatMul of Q and K^T, [the node scaling its product], the scale) for the logits
@@ -236,9 +257,13 @@ class _Matcher:
         return float(value.reshape(-1)[0]), nodes
 
     def _last_axis_softmax(self, softmax) -> bool:
+        """Over the keys of float scores. Where shape inference lost them (Reshape to a
+        computed shape), the match itself shows the scores are 4-D and float: Q and K^T come
+        from 4-D Reshapes of float [B, S, N*H] projections."""
         axis = attr(softmax, "axis", -1 if self.opset >= 13 else 1)
-        return self.shapes.rank(softmax.input[0]) == 4 and axis in (-1, 3) and (
-            self.shapes.elem_type(softmax.input[0]) == onnx.TensorProto.FLOAT)
+        scores = softmax.input[0]
+        return self.shapes.rank(scores) in (4, None) and axis in (-1, 3) and (
+            self.shapes.elem_type(scores) in (onnx.TensorProto.FLOAT, None))
 
     def _scores(self, softmax):
         """(the node making the unmasked logits, the additive mask or None, [the mask Add]
@@ -282,44 +307,99 @@ class _Matcher:
         elif perm != ([0, 2, 3, 1] if key else HEADS_FIRST):
             return None
         reshape = self.producer(nodes[0].input[0], "Reshape", nodes[0])
-        target = self.constants.get(reshape.input[1]) if reshape is not None else None
-        if target is None or target.size != 4 or attr(reshape, "allowzero", 0):
+        target = self._target(reshape) if reshape is not None else None
+        if target is None or len(target[0]) != 4:
             return None
-        heads, head_size = int(target[2]), int(target[3])
-        if heads <= 0 or head_size <= 0:
+        heads, head_size = target[0][2:]
+        if heads == COPY or head_size == COPY or heads <= 0 or head_size <= 0:
             return None
         return reshape.input[0], [reshape] + nodes, heads, head_size
 
-    def _merge_heads(self, weighted):
+    def _target(self, reshape):
+        """(dims, nodes) of a Reshape's target: each dim an int or COPY (0, or the input's own
+        dimension read by Shape and Gather, as TorchScript writes x.view(x.size()[:-1] + ...)
+        for dynamic axes), and the nodes computing it from that Shape. None if unknown."""
+        if attr(reshape, "allowzero", 0):
+            return None
+        target = self.constants.get(reshape.input[1])
+        if target is not None:
+            return [COPY if int(t) == 0 else int(t) for t in target.reshape(-1)], []
+        concat = self.made_by.get(reshape.input[1])
+        if concat is None or concat.op_type != "Concat" or attr(concat, "axis") != 0:
+            return None
+        dims, nodes = [], [concat]
+        for i, piece in enumerate(concat.input):
+            value = self.constants.get(piece)
+            if value is not None and value.size == 1:
+                dims.append(COPY if int(value.reshape(-1)[0]) == 0 else int(value.reshape(-1)[0]))
+                continue
+            gathered = self._own_dimension(piece, reshape.input[0], i)
+            if gathered is None:
+                return None
+            dims.append(COPY)
+            nodes.extend(gathered)
+        return dims, nodes
+
+    def _own_dimension(self, name, source, axis):
+        """The nodes making `name` = [source.shape[axis]]: Unsqueeze(Gather(Shape(source),
+        axis)) or Gather(Shape(source), [axis]); else None."""
+        nodes = []
+        node = self.made_by.get(name)
+        if node is not None and node.op_type == "Unsqueeze":
+            nodes.append(node)
+            node = self.made_by.get(node.input[0])
+        if node is None or node.op_type != "Gather" or attr(node, "axis", 0) != 0:
+            return None
+        index = self.constants.get(node.input[1])
+        shape = self.made_by.get(node.input[0])
+        if index is None or index.size != 1 or int(index.reshape(-1)[0]) != axis or (
+                index.ndim != (0 if nodes else 1)):
+            return None
+        if shape is None or shape.op_type != "Shape" or shape.input[0] != source or attr(
+                shape, "start", 0) != 0:
+            return None
+        return nodes + [node, shape]
+
+    def _merge_heads(self, weighted, hidden, query):
+        """[the Transpose, the Reshape and the nodes computing its target] back to the query's
+        shape [B, S, N*H], or None."""
         transpose = self.reader(weighted, "Transpose")
         if transpose is None or list(attr(transpose, "perm", [])) != HEADS_FIRST:
             return None
-        reshape = self.reader(transpose, "Reshape")
-        if reshape is None or reshape.input[0] != transpose.output[0]:
+        reshape = self._only_reader(transpose.output[0])
+        if reshape is None or reshape.op_type != "Reshape" or reshape.domain not in (
+                "", "ai.onnx") or reshape.input[0] != transpose.output[0]:
             return None
-        return [transpose, reshape]
+        target = self._target(reshape)
+        # B and S kept and the heads joined, or shapes inferred equal
+        kept = target is not None and target[0][:2] == [COPY, COPY] and target[0][2:] in (
+            [hidden], [-1])
+        if not kept and not self.shapes.same_shape(query, reshape.output[0]):
+            return None
+        return [transpose, reshape] + (target[1] if target else [])
 
-    def _projections_fit(self, q, k, v, out, hidden) -> bool:
+    def _projections_fit(self, q, k, v, hidden) -> bool:
         shapes = self.shapes
         if any(shapes.rank(n) != 3 or shapes.elem_type(n) != onnx.TensorProto.FLOAT
                for n in (q, k, v)):
             return False
-        if any(shapes.shape(n)[2] != hidden for n in (q, k, v)):
-            return False
-        return shapes.same_shape(q, out)
+        return all(shapes.shape(n)[2] == hidden for n in (q, k, v))
 
-    def _mask_rows(self, mask, scores, q):
-        """For an additive mask MultiHeadAttention can take as attention_bias (B|1, N|1, S, T):
-        0 when it has that shape, S when its query axis is 1 and must be expanded to S rows,
-        None when it cannot be used."""
-        shape, full = self.shapes.shape(mask), self.shapes.shape(scores)
-        if shape is None or full is None or len(shape) != 4 or (
+    def _mask_rows(self, mask, q, k, heads):
+        """For an additive mask MultiHeadAttention can take as attention_bias (B|1, N|1, S, T),
+        B and S the query's, T the key's (equal dims, or equal names of symbolic ones): 0 when
+        it has that shape; when its query axis is 1 and must be expanded to S rows, S (an int,
+        or the name of a symbolic S); None when it cannot be used."""
+        shape, query, key = self.shapes.shape(mask), self.shapes.shape(q), self.shapes.shape(k)
+        if shape is None or len(shape) != 4 or (
                 self.shapes.elem_type(mask) != self.shapes.elem_type(q)):
             return None
-        batch_heads_keys = all(d is not None and (d == f or (axis < 2 and d == 1))
-                               for axis, (d, f) in enumerate(zip(shape, full)) if axis != 2)
-        if not batch_heads_keys:
+        batch, rows = query[0], query[1]
+        fits = [shape[0] in (1, batch), shape[1] in (1, heads), shape[3] == key[1]]
+        if not all(fits) or any(d is None for d in shape):
             return None
-        if shape[2] == full[2] and shape[2] is not None:
+        if shape[2] == rows:
             return 0
-        return full[2] if shape[2] == 1 and isinstance(full[2], int) else None
+        if not isinstance(rows, int) and self.opset < 10:
+            return None  # the query's length would be read with Slice's inputs (opset 10)
+        return rows if shape[2] == 1 and rows is not None else None

@@ -384,6 +384,43 @@ def attention_bert(key_transposes=1, scale="div"):
                 ("Softmax", "Transpose"), (scores, probs), feeds={"mask": keep})
 
 
+def attention_bert_dynamic():
+    """HF BertSelfAttention as TorchScript writes it with dynamic batch and sequence axes:
+    x.view(x.size()[:-1] + (N, H)) becomes Reshape to Concat(Unsqueeze(Gather(Shape(x), 0)),
+    Unsqueeze(Gather(Shape(x), 1)), [N], [H]), the merge likewise to (.., .., N*H); shapes
+    are symbolic, so the padding mask's rows are expanded to a length read from the query."""
+    b = Builder(13)
+    x = b.input("x", ["batch", "seq", HIDDEN])
+    mask = b.input("mask", ["batch", "seq"], TensorProto.INT64)
+
+    def dims_of(t, tail):
+        shape = b.node("Shape", t)
+        lead = [b.node("Unsqueeze", b.node("Gather", shape, b.literal(i, np.int64), axis=0),
+                       b.literal([0], np.int64)) for i in (0, 1)]
+        return b.node("Concat", *lead, *(b.literal([d], np.int64) for d in tail), axis=0)
+
+    def heads(proj):
+        split = b.node("Reshape", proj, dims_of(proj, (HEADS, HEAD)))
+        return b.node("Transpose", split, perm=[0, 2, 1, 3])
+
+    q = heads(_linear(b, x, HIDDEN, HIDDEN))
+    k_t = b.node("Transpose", heads(_linear(b, x, HIDDEN, HIDDEN)), perm=[0, 1, 3, 2])
+    v = heads(_linear(b, x, HIDDEN, HIDDEN))
+    scores = b.node("Div", b.node("MatMul", q, k_t), b.literal(math.sqrt(HEAD)))
+    extended = b.node("Cast", b.node("Unsqueeze", b.node("Unsqueeze", mask, b.literal(
+        [1], np.int64)), b.literal([2], np.int64)), to=TensorProto.FLOAT)
+    additive = b.node("Mul", b.node("Sub", b.literal(1.0), extended), b.literal(-10000.0))
+    probs = b.node("Softmax", b.node("Add", scores, additive), axis=-1)
+    ctx = b.node("Transpose", b.node("MatMul", probs, v), perm=[0, 2, 1, 3])
+    y = b.node("Reshape", ctx, dims_of(ctx, (HIDDEN,)))
+    keep = np.ones((B, S), np.int64)
+    keep[1, -3:] = 0
+    feeds = {"x": b.rng.standard_normal((B, S, HIDDEN)).astype(np.float32), "mask": keep}
+    merge_shape = next(n.output[0] for n in reversed(b.nodes) if n.op_type == "Shape")
+    return Case(b.model({y: ["batch", "seq", HIDDEN]}), {"com.microsoft::MultiHeadAttention": 1},
+                ("Softmax", "Transpose"), (scores, probs, merge_shape), feeds=feeds)
+
+
 def _scale_from_shape(b, q):
     """torch's _attention_scale with scale=None: 1 / sqrt(last dimension of Shape(query)), cast
     to the query's type; then, for each of Q and K^T, its Sqrt."""
@@ -454,6 +491,7 @@ ATTENTION_CASES = {
     "bert-torchscript": attention_bert,
     "bert-two-key-transposes": lambda: attention_bert(key_transposes=2),
     "bert-scale-by-mul-on-the-left": lambda: attention_bert(scale="mul-left"),
+    "bert-torchscript-dynamic-axes": attention_bert_dynamic,
     "sdpa-torchscript-opset14": attention_sdpa,
     "sdpa-no-mask": lambda: attention_sdpa(mask=False),
     "sdpa-dynamo-opset18": lambda: attention_sdpa(18),

@@ -74,14 +74,19 @@ def test_session_matches_the_reference(family, name):
 
 
 def with_outside_reader(model, name):
-    """`model` with `name` also read by a Neg that is a graph output."""
+    """`model` with `name` also read by a node outside the pattern that is a graph output: a Neg,
+    or a ReduceSum to a scalar where shape inference does not know the value's shape."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {v.name: v.type for v in list(inferred.graph.value_info) + list(
         inferred.graph.input)}
-    model.graph.node.append(helper.make_node("Neg", [name], ["outside"]))
-    value = helper.make_value_info("outside", types[name])
-    model.graph.output.append(value)
+    if types[name].tensor_type.HasField("shape"):
+        model.graph.node.append(helper.make_node("Neg", [name], ["outside"]))
+        model.graph.output.append(helper.make_value_info("outside", types[name]))
+    else:
+        model.graph.node.append(helper.make_node("ReduceSum", [name], ["outside"], keepdims=0))
+        model.graph.output.append(helper.make_tensor_value_info(
+            "outside", types[name].tensor_type.elem_type, []))
     return model
 
 
@@ -136,3 +141,51 @@ def test_tf_moments_layer_norm_takes_gamma_beta_and_epsilon():
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["axis"] == 2 and attrs["epsilon"] == pytest.approx(1e-3)
     assert len(node.input) == 3 and node.input[0] == case.model.graph.node[0].output[0]
+
+
+def attrs_of(node):
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+@pytest.mark.parametrize("name", patterns.ATTENTION_CASES)
+def test_attention_scale_is_one_over_root_head_size(name):
+    # however the exporter spreads it (on the scores, on Q and K^T, computed from Shape(query))
+    fused = fuse_attention(patterns.ATTENTION_CASES[name]().model)
+    node = next(n for n in fused.graph.node if n.op_type == "MultiHeadAttention")
+    attrs = attrs_of(node)
+    assert attrs["num_heads"] == patterns.HEADS
+    assert attrs["scale"] == pytest.approx(1 / np.sqrt(patterns.HEAD), rel=1e-6)
+
+
+def test_float16_layer_norm_reads_the_float16_input_and_scale():
+    fused = fuse_layer_norm(patterns.layer_norm_dynamo_fp16().model)
+    node = next(n for n in fused.graph.node if n.op_type == "LayerNormalization")
+    assert node.input[0] == "x"  # the graph input itself, the casts gone
+    inits = {i.name: i for i in fused.graph.initializer}
+    assert all(inits[name].data_type == onnx.TensorProto.FLOAT16 for name in node.input[1:])
+
+
+def test_layer_norm_without_affine_gets_a_scale_of_ones_and_no_bias():
+    fused = fuse_layer_norm(patterns.layer_norm_torch(17, affine="none").model)
+    node = next(n for n in fused.graph.node if n.op_type == "LayerNormalization")
+    scale = next(i for i in fused.graph.initializer if i.name == node.input[1])
+    assert len(node.input) == 2
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(scale),
+                                  np.ones(patterns.D, np.float32))
+
+
+def test_dynamic_axes_attention_holds_at_other_lengths():
+    # the padding mask is expanded to as many rows as this run's query has
+    case = patterns.attention_bert_dynamic()
+    rng = np.random.default_rng(5)
+    keep = (rng.random((3, 7)) > 0.3).astype(np.int64)
+    keep[:, 0] = 1
+    feeds = {"x": rng.standard_normal((3, 7, patterns.HIDDEN)).astype(np.float32), "mask": keep}
+    fused = fuse_attention(case.model)
+    assert op_types(fused)["com.microsoft::MultiHeadAttention"] == 1
+    assert_same_outputs(case.model, fused, feeds=feeds)
+    options = optimized.SessionOptions()
+    options.graph_optimization_level = optimized.GraphOptimizationLevel.ORT_ENABLE_ALL
+    got = optimized.InferenceSession(case.model.SerializeToString(), options).run(None, feeds)
+    np.testing.assert_allclose(got[0], ReferenceEvaluator(case.model).run(None, feeds)[0],
+                               rtol=1e-4, atol=1e-5)
