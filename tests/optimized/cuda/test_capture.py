@@ -192,3 +192,27 @@ def test_blockwise_online_softmax_attention_equals_the_direct_formula(causal, pa
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
     want = (weights / weights.sum(axis=-1, keepdims=True)) @ v
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["input_as_output", "initializer_as_output", "empty_tensor"])
+def test_planned_outputs_that_are_feeds_initializers_or_empty(case):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    relu = helper.make_node("Relu", ["x"], ["r"])
+    if case == "input_as_output":
+        m = model([relu], {"x": x}, ["x", "r", "r"])
+    elif case == "initializer_as_output":
+        m = model([relu], {"x": x}, ["r", "c"], {"c": np.full(2, 3, np.float32)})
+    else:
+        x = np.zeros((0, 3), np.float32)
+        m = model([relu, helper.make_node("MatMul", ["r", "w"], ["y"])], {"x": x}, ["y"],
+                  {"w": np.ones((3, 4), np.float32)})
+    plan = _graph_plan(m)
+    want = ReferenceEvaluator(m).run(None, {"x": x})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            got = plan.run({"x": x})
+            for g, w in zip(got, want, strict=True):
+                assert type(g) is np.ndarray and g.shape == w.shape
+                np.testing.assert_array_equal(g, w)
+    assert plan._graphs
