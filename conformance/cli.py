@@ -294,6 +294,58 @@ def _named(error: Exception, model: str) -> str:
     return message if model in message else f"{model}: {message}"
 
 
+# fuzz -----------------------------------------------------------------------------------------
+def cmd_fuzz(args) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .fuzz import campaign
+
+    console = _console()
+    counts = {"examples": 0, "batches": 0}
+    start = time.perf_counter()
+
+    def record(result):
+        counts["examples"] += result.examples
+        counts["batches"] += 1
+        if result.outcome != "ok":
+            console.print(f"[red]{result.outcome}[/red] in batch {result.batch}: "
+                          f"{escape(result.problems[0][:300]) if result.problems else ''}"
+                          + (f" (saved in {result.saved})" if result.saved else ""))
+
+    if console.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        with Progress("fuzz", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task("graphs", total=args.examples)
+
+            def advance(result):
+                record(result)
+                progress.update(task, completed=min(args.examples, counts["examples"]))
+
+            results = campaign(args.examples, args.seed, args.jobs, args.out,
+                               onnxruntime=not args.no_onnxruntime, on_result=advance)
+    else:
+        results = campaign(args.examples, args.seed, args.jobs, args.out,
+                           onnxruntime=not args.no_onnxruntime, on_result=record)
+    elapsed = time.perf_counter() - start
+    bad = [r for r in results if r.outcome != "ok"]
+    table = Table(title="fuzz campaign")
+    for col in ("graphs run", "batches", "mismatches", "crashes/timeouts", "seconds", "jobs"):
+        table.add_column(col, justify="right")
+    table.add_row(str(counts["examples"]), str(len(results)),
+                  str(sum(r.outcome == "mismatch" for r in bad)),
+                  str(sum(r.outcome in ("crash", "timeout") for r in bad)), f"{elapsed:.1f}",
+                  str(args.jobs))
+    console.print(table)
+    for r in bad:
+        console.print(f"{r.outcome}: {escape(r.saved or '(not saved)')}")
+        for line in r.problems[:5]:
+            console.print(f"  {escape(line[:400])}")
+    return EXIT_FAIL if bad else EXIT_OK
+
+
 # entry point -----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onnx-parity", description=(
@@ -340,6 +392,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     p.add_argument("--save", help="write the outputs to this .npz")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("fuzz", help="compare the optimized runtime with the reference on random graphs",
+                       epilog="Exit status: 0 when every graph agrees, 1 on any mismatch, crash "
+                              "or timeout (each saved as a regression folder under --out).")
+    p.add_argument("--examples", type=positive_int, default=1000,
+                   help="random graphs to run (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (default: %(default)s)")
+    p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1,
+                   help="worker processes (default: %(default)s)")
+    p.add_argument("--out", default="fuzz-regressions",
+                   help="folder for the shrunk models and inputs of mismatches (default: %(default)s)")
+    p.add_argument("--no-onnxruntime", action="store_true",
+                   help="do not compare with onnxruntime, even where it is installed")
+    p.set_defaults(func=cmd_fuzz)
 
     from .diff.cli import add_diff_parser
 

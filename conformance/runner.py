@@ -68,44 +68,57 @@ def run_test(corpus: Corpus, test: CorpusTest, backend, tolerances: Tolerances) 
 
 
 # worker processes ---------------------------------------------------------------------------
-def _worker(conn, config: RunConfig) -> None:
+class TestHandler:
+    """Runs corpus tests in a worker: made there, once, from the run's config."""
+
+    def __init__(self, config: RunConfig):
+        self.cache = Cache(config.cache_root)
+        self.pins = load_pins(config.pins_file) if config.pins_file else load_pins()
+        self.corpora: dict[int, Corpus] = {}
+        self.backend = make_backend(config.backend, **config.backend_options)
+        self.anchor = make_backend(config.compare_with) if config.compare_with else None
+        self.tolerances = Tolerances.load()
+
+    def __call__(self, test: CorpusTest) -> TestResult:
+        start = time.perf_counter()
+        try:
+            if test.opset not in self.corpora:
+                self.corpora[test.opset] = open_corpus(self.pins[test.opset], self.cache, fetch=False)
+            corpus = self.corpora[test.opset]
+            outcome, message = run_test(corpus, test, self.backend, self.tolerances)
+            anchor_result = (run_test(corpus, test, self.anchor, self.tolerances)
+                             if self.anchor else ("", ""))
+        except Exception:  # noqa: BLE001
+            outcome, message = "error", traceback.format_exc()[-2000:]
+            anchor_result = ("", "")
+        return TestResult(test.id, test.opset, test.key, test.kind, outcome, message,
+                          time.perf_counter() - start, anchor_outcome=anchor_result[0],
+                          anchor_message=anchor_result[1])
+
+
+def _serve(conn, make_handler, arg) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    cache = Cache(config.cache_root)
-    pins = load_pins(config.pins_file) if config.pins_file else load_pins()
-    corpora: dict[int, Corpus] = {}
-    backend = make_backend(config.backend, **config.backend_options)
-    anchor = make_backend(config.compare_with) if config.compare_with else None
-    tolerances = Tolerances.load()
+    handle = make_handler(arg)
     while True:
         task = conn.recv()
         if task is None:
             return
-        test: CorpusTest = task
-        start = time.perf_counter()
-        try:
-            if test.opset not in corpora:
-                corpora[test.opset] = open_corpus(pins[test.opset], cache, fetch=False)
-            corpus = corpora[test.opset]
-            outcome, message = run_test(corpus, test, backend, tolerances)
-            anchor_result = run_test(corpus, test, anchor, tolerances) if anchor else ("", "")
-        except Exception:  # noqa: BLE001
-            outcome, message = "error", traceback.format_exc()[-2000:]
-            anchor_result = ("", "")
-        conn.send((outcome, message, time.perf_counter() - start, *anchor_result))
+        conn.send(handle(task))
 
 
 class _Worker:
-    def __init__(self, ctx, config: RunConfig):
+    def __init__(self, ctx, make_handler, arg):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker, args=(child, config), daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, make_handler, arg), daemon=True)
         self.process.start()
         child.close()
-        self.test: CorpusTest | None = None
+        self.task = None
         self.started = 0.0
 
-    def give(self, test: CorpusTest) -> None:
-        self.test, self.started = test, time.monotonic()
-        self.conn.send(test)
+    def give(self, item: tuple) -> None:
+        """`item` is (index, task); the worker gets the task."""
+        self.task, self.started = item, time.monotonic()
+        self.conn.send(item[1])
 
     def kill(self) -> None:
         self.process.kill()
@@ -113,55 +126,51 @@ class _Worker:
         self.conn.close()
 
 
-def run_tests(tests: list[CorpusTest], config: RunConfig, jobs: int = 1, on_result=None):
-    """Run `tests` on `jobs` worker processes; returns TestResults in the order of `tests`."""
-    # CUDA cannot be used in a child forked after the parent touched it (cudaErrorInitializationError)
-    cuda = config.backend_options.get("provider") == "cuda"
-    ctx = mp.get_context("fork" if hasattr(os, "fork") and not cuda else "spawn")
-    pending = [t for t in tests if not t.unavailable]
-    results: dict[str, TestResult] = {}
-    for t in tests:
-        if t.unavailable:
-            results[t.id] = TestResult(t.id, t.opset, t.key, t.kind, "unavailable", t.unavailable)
-            if on_result:
-                on_result(results[t.id])
-    pending.reverse()
-    workers = [_Worker(ctx, config) for _ in range(max(1, min(jobs, len(pending))))]
+def run_pool(tasks: list, make_handler, arg, lost, jobs: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S,
+             on_result=None, spawn: bool = False) -> list:
+    """Run each task on one of `jobs` worker processes; results come back in the order of
+    `tasks`. Each worker calls `make_handler(arg)` once, then `handler(task)` per task (both
+    must pickle). A task whose worker dies, or that runs past `timeout_s`, gets
+    `lost(task, "crash" | "timeout", message, seconds)`, and the worker is replaced."""
+    ctx = mp.get_context("fork" if hasattr(os, "fork") and not spawn else "spawn")
+    pending = list(reversed(list(enumerate(tasks))))
+    results: dict[int, object] = {}
+    workers = [_Worker(ctx, make_handler, arg) for _ in range(max(1, min(jobs, len(pending))))]
     try:
         for w in workers:
             if pending:
                 w.give(pending.pop())
-        while any(w.test for w in workers):
-            busy = [w for w in workers if w.test]
+        while any(w.task for w in workers):
+            busy = [w for w in workers if w.task]
             ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=1.0)
             now = time.monotonic()
             for i, w in enumerate(workers):
-                if not w.test:
+                if not w.task:
                     continue
-                result = None
+                index, task = w.task
+                result, replace_worker = None, False
                 if w.conn in ready and w.conn.poll():
                     try:
-                        outcome, message, seconds, a_out, a_msg = w.conn.recv()
-                        result = TestResult(w.test.id, w.test.opset, w.test.key, w.test.kind,
-                                            outcome, message, seconds, anchor_outcome=a_out,
-                                            anchor_message=a_msg)
+                        result = w.conn.recv()
                     except (EOFError, OSError):
                         pass
                 if result is None and not w.process.is_alive():
                     code = w.process.exitcode
-                    result = _lost(w.test, "crash", f"worker died (exit code {code})", now - w.started)
-                elif result is None and now - w.started > config.timeout_s:
-                    result = _lost(w.test, "timeout", f"no result after {config.timeout_s:.0f} s",
-                                   now - w.started)
+                    result = lost(task, "crash", f"worker died (exit code {code})", now - w.started)
+                    replace_worker = True
+                elif result is None and now - w.started > timeout_s:
+                    result = lost(task, "timeout", f"no result after {timeout_s:.0f} s",
+                                  now - w.started)
+                    replace_worker = True
                 if result is None:
                     continue
-                results[result.id] = result
+                results[index] = result
                 if on_result:
                     on_result(result)
-                if result.outcome in ("crash", "timeout"):
+                if replace_worker:
                     w.kill()
-                    workers[i] = w = _Worker(ctx, config)
-                w.test = None
+                    workers[i] = w = _Worker(ctx, make_handler, arg)
+                w.task = None
                 if pending:
                     w.give(pending.pop())
     finally:
@@ -173,6 +182,24 @@ def run_tests(tests: list[CorpusTest], config: RunConfig, jobs: int = 1, on_resu
             w.process.join(2)
             if w.process.is_alive():
                 w.kill()
+    return [results[i] for i in range(len(tasks))]
+
+
+def run_tests(tests: list[CorpusTest], config: RunConfig, jobs: int = 1, on_result=None):
+    """Run `tests` on `jobs` worker processes; returns TestResults in the order of `tests`."""
+    results: dict[str, TestResult] = {}
+    for t in tests:
+        if t.unavailable:
+            results[t.id] = TestResult(t.id, t.opset, t.key, t.kind, "unavailable", t.unavailable)
+            if on_result:
+                on_result(results[t.id])
+    pending = [t for t in tests if not t.unavailable]
+    # CUDA cannot be used in a child forked after the parent touched it (cudaErrorInitializationError)
+    cuda = config.backend_options.get("provider") == "cuda"
+    if pending:
+        for r in run_pool(pending, TestHandler, config, _lost, jobs, config.timeout_s, on_result,
+                          spawn=cuda):
+            results[r.id] = r
     return [results[t.id] for t in tests]
 
 

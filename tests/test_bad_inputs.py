@@ -334,6 +334,8 @@ CASES = [
     Case("cli-diff-three-models", "cli", _argv("diff", _saved(add_model), _saved(add_model), _saved(add_model)), 2, r"one or two models, got 3"),
     Case("cli-diff-unrelated-models", "cli", _argv("diff", _saved(add_model), _saved(conv_model)), 2, r"conv_model\.onnx.*input 'x'.*rank 4"),
     Case("diff-api-unrelated-models", "diff", lambda tmp: dict(a=_saved(add_model)(tmp), b=_saved(conv_model)(tmp)), InvalidFeedError, r"conv_model\.onnx.*input 'x'.*rank 4"),
+    Case("cli-fuzz-zero-examples", "cli", _argv("fuzz", "--examples", "0"), 2, r"--examples.*'0'"),
+    Case("cli-fuzz-zero-jobs", "cli", _argv("fuzz", "--jobs", "0"), 2, r"--jobs.*'0'"),
 ]
 
 

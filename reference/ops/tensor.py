@@ -206,9 +206,19 @@ def slice_(data, starts, ends, axes=None, steps=None):
         raise ValueError("Slice steps cannot be 0")
     index = [slice(None)] * data.ndim
     for a, s, e, st in zip(axes, starts, ends, steps):
-        # Python slices clamp and count negatives exactly as the spec describes.
-        index[a] = slice(s, e, st)
+        index[a] = _spec_slice(data.shape[a], s, e, st)
     return data[tuple(index)].copy()
+
+
+def _spec_slice(d: int, start: int, end: int, step: int) -> slice:
+    """The spec's bounds as a Python slice. Python clamps differently when stepping back: for
+    d=5, start=-7 means index 0 to the spec (clamped into [0, d-1]) but nothing to Python."""
+    start = start + d if start < 0 else start
+    end = end + d if end < 0 else end
+    if step > 0:
+        return slice(min(max(start, 0), d), min(max(end, 0), d), step)
+    start, end = min(max(start, 0), d - 1), min(max(end, -1), d - 1)
+    return slice(start, None if end < 0 else end, step)
 
 
 def _split(x, axis, sizes):

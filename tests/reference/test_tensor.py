@@ -151,6 +151,15 @@ def test_slice_negative_steps_and_clamping():
     same(run_node("Slice", x, i64(20), i64(30)), np.zeros(0, np.int32))
 
 
+def test_slice_backward_from_below_minus_d_starts_at_index_0():
+    """The spec clamps an adjusted start into [0, d-1] when stepping back, so start=-7 on d=5
+    is index 0; Python's slicing would give nothing. Found by the fuzzer (tests/fuzz)."""
+    x = np.arange(5, dtype=np.int32)
+    same(run_node("Slice", x, i64(-7), i64(-6), i64(0), i64(-1)), np.array([0], np.int32))
+    same(run_node("Slice", x, i64(-7), i64(-(2**63) + 1), i64(0), i64(-1)), np.array([0], np.int32))
+    same(run_node("Slice", x, i64(9), i64(-9), i64(0), i64(-2)), np.array([4, 2, 0], np.int32))
+
+
 def test_slice_axes_negative_and_subset():
     x = np.arange(24).reshape(2, 3, 4)
     same(run_node("Slice", x, i64(1), i64(3), i64(-1)), x[:, :, 1:3])

@@ -1,0 +1,112 @@
+"""Differential fuzzing of the optimized runtime against the reference (conformance/fuzz.py):
+a bounded hypothesis run, a replay of every saved regression, and checks that the fuzzer
+itself finds, shrinks and saves a planted fault."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conformance import fuzz
+from conformance.cli import main as cli_main
+
+REGRESSIONS = Path(__file__).parent / "fuzz" / "regressions"
+
+
+def _regressions():
+    folders = sorted(p for p in REGRESSIONS.iterdir() if (p / "case.json").is_file()) if REGRESSIONS.is_dir() else []
+    params = []
+    for folder in folders:
+        meta = json.loads((folder / "case.json").read_text())
+        marks = [pytest.mark.xfail(strict=True, reason=meta["xfail"])] if meta.get("xfail") else []
+        params.append(pytest.param(folder, id=folder.name, marks=marks))
+    return params
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("folder", _regressions())
+def test_saved_regression_agrees_now(folder):
+    case, meta = fuzz.load_case(str(folder))
+    assert fuzz.check_case(case) == [], meta.get("note", meta["problems"])
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(fuzz.cases())
+def test_random_graphs_agree_with_the_reference(case):
+    problems = fuzz.check_case(case)
+    assert not problems, f"{case.describe()}\n" + "\n".join(problems)
+
+
+# the fuzzer's own parts --------------------------------------------------------------------------
+@given(st.sampled_from(fuzz.LAYOUTS), st.lists(st.integers(1, 4), min_size=1, max_size=4),
+       st.integers(0, 2**32 - 1))
+def test_layouts_keep_the_values_and_are_views(layout, shape, seed):
+    rng = np.random.default_rng(seed)
+    data = fuzz.random_array(rng, "float32", tuple(shape))
+    if layout == "broadcast":
+        data = np.broadcast_to(data[:1], data.shape).copy()
+    view = fuzz.as_layout(data, layout)
+    np.testing.assert_array_equal(view, data)
+    if layout != "contiguous" and data.size > 1 and max(shape) > 1:
+        assert not view.flags.c_contiguous or view.base is not None
+
+
+@given(st.integers(0, 6), st.integers(-10, 10), st.sampled_from([-10, 10, 2**63 - 1, -(2**63) + 1]),
+       st.sampled_from([1, 2, 3, -1, -2, -3]))
+def test_slice_length_is_the_spec_count(d, start, end, step):
+    """Hand-walked spec semantics (clamp, then step) against the builder's formula."""
+    s = start + d if start < 0 else start
+    e = end + d if end < 0 else end
+    lo, hi = (0, d) if step > 0 else (0, d - 1)
+    s = min(max(s, lo), hi)
+    e = min(max(e, 0 if step > 0 else -1), d if step > 0 else d - 1)
+    count, i = 0, s
+    while (i < e) if step > 0 else (i > e):
+        count, i = count + 1, i + step
+    assert fuzz.slice_length(d, start, end, step) == count
+
+
+def _planted(monkeypatch):
+    """The optimized runtime at level 99 adds 1 to every float32 output: a wrong answer."""
+    real = fuzz.run_optimized
+
+    def wrong(model_bytes, feeds, level):
+        outputs = real(model_bytes, feeds, level)
+        if level == 99:
+            outputs = [o + np.float32(1) if o.dtype == np.float32 and o.size else o for o in outputs]
+        return outputs
+
+    monkeypatch.setattr(fuzz, "run_optimized", wrong)
+
+
+@pytest.mark.timeout(300)
+def test_a_planted_fault_is_found_shrunk_and_saved(tmp_path, monkeypatch):
+    _planted(monkeypatch)
+    result = fuzz.run_batch(seed=1, examples=100, out_dir=str(tmp_path), onnxruntime=False, max_ops=4)
+    assert result.outcome == "mismatch" and "optimized level 99" in result.problems[0]
+    case, meta = fuzz.load_case(result.saved)
+    assert len(case.model.graph.node) <= 2, case.describe()  # shrunk to (nearly) one node
+    assert fuzz.check_case(case, onnxruntime=False)  # the saved case still shows the fault
+    monkeypatch.undo()
+    assert fuzz.check_case(case, onnxruntime=False) == []
+
+
+@pytest.mark.timeout(300)
+def test_cli_campaign_over_workers_exits_1_on_a_planted_fault(tmp_path, monkeypatch, capsys):
+    assert cli_main(["fuzz", "--examples", "8", "--jobs", "2", "--out", str(tmp_path / "ok")]) == 0
+    assert "fuzz campaign" in capsys.readouterr().out
+    _planted(monkeypatch)  # forked workers inherit the patch
+    out = tmp_path / "bad"
+    assert cli_main(["fuzz", "--examples", "30", "--jobs", "2", "--seed", "3", "--out", str(out),
+                     "--no-onnxruntime"]) == 1
+    printed = capsys.readouterr().out
+    assert "mismatch" in printed and "optimized level 99" in printed
+    saved = [p for p in os.listdir(out) if not p.startswith(".")]
+    assert saved and all((out / p / "model.onnx").is_file() for p in saved)
