@@ -1,16 +1,48 @@
 """Optimized ONNX runtime with onnxruntime's Python API (`import optimized as ort`)."""
 from . import capi
-from .errors import (EngineError, EPFail, Fail, InvalidArgument, InvalidGraph, InvalidProtobuf,
-                     ModelLoaded, NoModel, NoSuchFile, NotImplemented, RuntimeException)
-from .info import (disable_telemetry_events, enable_telemetry_events, get_all_providers,
-                   get_available_providers, get_build_info, get_device, get_version_string,
-                   set_default_logger_severity, set_default_logger_verbosity, version)
+from .errors import (
+    EngineError,
+    EPFail,
+    Fail,
+    InvalidArgument,
+    InvalidGraph,
+    InvalidProtobuf,
+    ModelLoaded,
+    NoModel,
+    NoSuchFile,
+    NotImplemented,
+    RuntimeException,
+)
+from .info import (
+    disable_telemetry_events,
+    enable_telemetry_events,
+    get_all_providers,
+    get_available_providers,
+    get_build_info,
+    get_device,
+    get_version_string,
+    set_default_logger_severity,
+    set_default_logger_verbosity,
+    version,
+)
 from .iobinding import IOBinding
 from .lora import LoraAdapter
-from .options import (ExecutionMode, ExecutionOrder, GraphOptimizationLevel, RunOptions,
-                      SessionOptions)
-from .ortvalue import (OrtAllocatorType, OrtArenaCfg, OrtDevice, OrtDeviceMemoryType,
-                       OrtMemoryInfo, OrtMemType, OrtValue)
+from .options import (
+    ExecutionMode,
+    ExecutionOrder,
+    GraphOptimizationLevel,
+    RunOptions,
+    SessionOptions,
+)
+from .ortvalue import (
+    OrtAllocatorType,
+    OrtArenaCfg,
+    OrtDevice,
+    OrtDeviceMemoryType,
+    OrtMemoryInfo,
+    OrtMemType,
+    OrtValue,
+)
 from .session import InferenceSession, ModelMetadata, NodeArg
 
 __version__ = version()

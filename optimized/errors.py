@@ -55,8 +55,12 @@ class ModelLoaded(RuntimeError):
     """onnxruntime: MODEL_LOADED; not raised here, defined so that except clauses work."""
 
 
-class NotImplemented(UnsupportedOpError, NotImplementedError):  # noqa: A001 (onnxruntime's name)
+class NotImplemented(UnsupportedOpError, NotImplementedError):
     """An operator or feature that this runtime does not implement (onnxruntime: NOT_IMPLEMENTED)."""
+
+
+# The same class under a name that does not read as Python's NotImplemented constant.
+NotImplementedFeature = NotImplemented
 
 
 class InvalidGraph(InvalidModelError):
@@ -100,11 +104,11 @@ def as_run_errors():
     """Feed errors become InvalidArgument, node failures Fail, missing ops NotImplemented."""
     try:
         yield
-    except (InvalidArgument, Fail, NotImplemented):
+    except (InvalidArgument, Fail, NotImplementedFeature):
         raise
     except InvalidFeedError as e:
         raise InvalidArgument(str(e)) from e
     except UnsupportedOpError as e:
-        raise NotImplemented(str(e)) from e
+        raise NotImplementedFeature(str(e)) from e
     except NodeError as e:
         raise Fail.from_node_error(e) from e

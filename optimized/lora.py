@@ -24,7 +24,7 @@ class LoraAdapter:
         self.parameters: dict[str, np.ndarray] = {}
         self.format_version = self.adapter_version = self.model_version = 0
 
-    def Load(self, file_path) -> None:  # noqa: N802 (onnxruntime's name)
+    def Load(self, file_path) -> None:
         path = os.fspath(file_path)
         if not os.path.exists(path):
             raise NoSuchFile(f"LoRA adapter file not found: {path}")

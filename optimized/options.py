@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from .errors import NotImplemented
+from .errors import NotImplementedFeature
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -101,14 +101,31 @@ class SessionOptions:
     """onnxruntime's SessionOptions, plus `check_nodes` (compare every fast kernel with the
     reference op) and `check_nodes_dir` (where the first mismatch's repro goes)."""
 
-    __slots__ = ("_graph_optimization_level", "_intra_op_num_threads", "_inter_op_num_threads",
-                 "_execution_mode", "_execution_order", "_enable_profiling",
-                 "_profile_file_prefix", "_optimized_model_filepath", "_log_severity_level",
-                 "_log_verbosity_level", "_logid", "_enable_mem_pattern", "_enable_mem_reuse",
-                 "_enable_cpu_mem_arena", "_use_deterministic_compute",
-                 "_use_per_session_threads", "_check_nodes", "_check_nodes_dir", "config",
-                 "free_dimensions_by_name", "free_dimensions_by_denotation", "initializers",
-                 "external_files")
+    __slots__ = (
+        "_check_nodes",
+        "_check_nodes_dir",
+        "_enable_cpu_mem_arena",
+        "_enable_mem_pattern",
+        "_enable_mem_reuse",
+        "_enable_profiling",
+        "_execution_mode",
+        "_execution_order",
+        "_graph_optimization_level",
+        "_inter_op_num_threads",
+        "_intra_op_num_threads",
+        "_log_severity_level",
+        "_log_verbosity_level",
+        "_logid",
+        "_optimized_model_filepath",
+        "_profile_file_prefix",
+        "_use_deterministic_compute",
+        "_use_per_session_threads",
+        "config",
+        "external_files",
+        "free_dimensions_by_denotation",
+        "free_dimensions_by_name",
+        "initializers",
+    )
 
     graph_optimization_level = _Typed(_level, GraphOptimizationLevel.ORT_ENABLE_ALL)
     intra_op_num_threads = _Typed(_int, 0)
@@ -139,7 +156,7 @@ class SessionOptions:
     def add_session_config_entry(self, key: str, value: str) -> None:
         key, value = _str(key), _str(value)
         if key == LOAD_MODEL_FORMAT and value.upper() not in ("", "ONNX"):
-            raise NotImplemented(f"{key}={value!r}: only ONNX models load here, not onnxruntime's "
+            raise NotImplementedFeature(f"{key}={value!r}: only ONNX models load here, not onnxruntime's "
                                  f"ORT format")
         self.config[key] = value
 
@@ -184,7 +201,7 @@ class SessionOptions:
             self.external_files[_str(name)] = data[:int(length)]
 
     def register_custom_ops_library(self, library_path: str) -> None:
-        raise NotImplemented(
+        raise NotImplementedFeature(
             f"register_custom_ops_library({library_path!r}): custom op libraries are compiled "
             f"against onnxruntime's C API and cannot run here; implement the op with "
             f"reference.op(...) instead")
@@ -193,8 +210,15 @@ class SessionOptions:
 class RunOptions:
     """onnxruntime's RunOptions. `terminate` is read when a run starts; `logid` is the run tag."""
 
-    __slots__ = ("_log_severity_level", "_log_verbosity_level", "_logid", "_terminate",
-                 "_only_execute_path_to_fetches", "config", "active_adapters")
+    __slots__ = (
+        "_log_severity_level",
+        "_log_verbosity_level",
+        "_logid",
+        "_only_execute_path_to_fetches",
+        "_terminate",
+        "active_adapters",
+        "config",
+    )
 
     log_severity_level = _Typed(_severity, -1)  # accepted; nothing is logged
     log_verbosity_level = _Typed(_int, 0)  # accepted

@@ -49,7 +49,7 @@ class OrtDevice:
 
     def __init__(self, device_type: int, device_id: int = 0, vendor_id: int = 0, mem_type: int = 0):
         if not isinstance(device_type, int):
-            raise ValueError(f"OrtDevice: use OrtDevice.make(name, device_id); got "
+            raise TypeError(f"OrtDevice: use OrtDevice.make(name, device_id); got "
                              f"{type(device_type).__name__}")
         self._type, self._id, self._vendor, self._mem = device_type, int(device_id), vendor_id, mem_type
 

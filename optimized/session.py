@@ -21,8 +21,13 @@ from .check import NodeCheckError, check_step, write_repro  # noqa: F401 (check 
 from .errors import Fail, InvalidArgument, as_load_errors, as_run_errors
 from .loading import load_for_session, with_inferred_outputs
 from .lora import adapter_feeds
-from .options import (RECORD_ASSIGNMENT, ExecutionMode, GraphOptimizationLevel,  # noqa: F401
-                      RunOptions, SessionOptions)
+from .options import (  # noqa: F401
+    RECORD_ASSIGNMENT,
+    ExecutionMode,
+    GraphOptimizationLevel,
+    RunOptions,
+    SessionOptions,
+)
 from .ortvalue import OrtMemoryInfo, OrtValue
 from .plan import Profiler
 
@@ -135,7 +140,7 @@ class InferenceSession:
         def work():
             try:
                 outputs = self.run(None, input_feed, run_options)
-            except Exception as e:  # reported to the callback, as onnxruntime does
+            except Exception as e:  # noqa: BLE001 (reported to the callback, as onnxruntime does)
                 callback([], user_data, str(e))
                 return
             callback([outputs[i] for i in wanted], user_data, "")
