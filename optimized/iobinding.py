@@ -22,6 +22,10 @@ from .errors import InvalidArgument
 from .ortvalue import OrtDevice, OrtValue, element_dtype
 
 
+class UnknownBindingName(InvalidArgument, RuntimeError):
+    """A bound name the model does not have: onnxruntime raises RuntimeError here."""
+
+
 class IOBinding:
     def __init__(self, session):
         self._session = session
@@ -96,13 +100,13 @@ class IOBinding:
         known = [i.name for i in self._session.get_inputs()]
         known += [i.name for i in self._session.get_overridable_initializers()]
         if name not in known:
-            raise InvalidArgument(f"bind: unknown input {name!r}; the model's inputs are {known}")
+            raise UnknownBindingName(f"bind: unknown input {name!r}; the model's inputs are {known}")
         return name
 
     def _output_name(self, name: str) -> str:
         known = [o.name for o in self._session.get_outputs()]
         if name not in known:
-            raise InvalidArgument(f"bind: unknown output {name!r}; the model's outputs are {known}")
+            raise UnknownBindingName(f"bind: unknown output {name!r}; the model's outputs are {known}")
         return name
 
     # used by InferenceSession.run_with_iobinding ------------------------------------

@@ -494,6 +494,17 @@ def test_iobinding_pointer_input_and_preallocated_output(rt, element_type):
         binding.bind_output("y", "cpu", 0, None, None, result.ctypes.data)
 
 
+def test_iobinding_unknown_names(rt):
+    sess = session(rt)
+    binding = sess.io_binding()
+    with pytest.raises(RuntimeError, match="nope"):
+        binding.bind_cpu_input("nope", X)
+    with pytest.raises(RuntimeError, match="nope"):  # onnxruntime: when the run starts
+        binding.bind_output("nope")
+        binding.bind_cpu_input("x", X)
+        sess.run_with_iobinding(binding)
+
+
 def test_iobinding_ortvalues(rt):
     sess = session(rt)
     binding = sess.io_binding()
