@@ -15,7 +15,8 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SOURCES = ["threads.c", "elementwise.c", "gemm.c", "conv.c", "pool.c", "rowwise.c", "attention.c",
-           "matmul_nbits.c", "rmsnorm.c"]
+           "matmul_nbits.c", "rmsnorm.c",
+           "gated.c"]
 
 
 def _declarations() -> str:

@@ -123,3 +123,8 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
 void rmsnorm_last_f32(const float *x, const float *skip, const float *bias, const float *scale,
                       float *y, float *sum, float *inv_rms, size_t rows, size_t cols,
                       float epsilon);
+
+/* y (rows x cols) = gate * sigmoid(gate) * up, row r of gate and up starting at r * in_stride:
+ * in_stride = cols for two arrays, 2 * cols for the halves of one (up = gate + cols). */
+void silu_mul_f32(const float *gate, const float *up, float *y, size_t rows, size_t cols,
+                  size_t in_stride);

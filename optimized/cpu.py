@@ -13,8 +13,10 @@ import weakref
 import numpy as np
 
 from reference.ops.conv import tied_filters
+from reference.registry import lookup
 
 from . import kernels
+from .passes.silu_mlp_fusion import FUSED_DOMAIN, SILU_MUL
 
 MS = "com.microsoft"
 
@@ -231,6 +233,18 @@ def skip_simplified_layer_normalization(x, skip, gamma, bias=None, *, epsilon=1e
     return (y, mean, inv, total)[:n_outputs]
 
 
+# SiLU-gated product (silu_mlp_fusion's model-local function) --------------------------------
+def silu_mul(gate, up):
+    """gate * sigmoid(gate) * up.  Other types than float32, or shapes that broadcast, run the
+    function's body through the reference ops (a function node has no reference op of its own
+    for the plan to fall back to)."""
+    if (isinstance(gate, np.ndarray) and isinstance(up, np.ndarray) and gate.shape == up.shape
+            and gate.dtype == up.dtype == np.float32):
+        return kernels.silu_mul(gate, up)
+    sigmoid, mul = lookup("", "Sigmoid", 13).fn, lookup("", "Mul", 14).fn
+    return mul(mul(gate, sigmoid(gate)), up)
+
+
 # quantized weights ---------------------------------------------------------------------------
 def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K=0, N=0, bits=4,
                  block_size=0, accuracy_level=0, weight_prepacked=0):
@@ -279,6 +293,7 @@ KERNELS = {
     ("", "SimplifiedLayerNormalization"): simplified_layer_normalization,
     (MS, "SimplifiedLayerNormalization"): simplified_layer_normalization,
     (MS, "SkipSimplifiedLayerNormalization"): skip_simplified_layer_normalization,
+    (FUSED_DOMAIN, SILU_MUL): silu_mul,
 }
 
 

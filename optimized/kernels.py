@@ -744,3 +744,31 @@ def rms_norm(x: np.ndarray, scale: np.ndarray, *, skip: np.ndarray | None = None
             ffi.NULL if inv_rms is None else _ptr(inv_rms), rows, cols, float(epsilon))
     results = [y] + ([inv_rms] if return_inv_rms else []) + ([total] if return_sum else [])
     return results[0] if len(results) == 1 else tuple(results)
+
+
+# --- SiLU-gated product --------------------------------------------------------------------
+
+def silu_mul(gate: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
+    """gate * sigmoid(gate) * up; without `up`, gate holds [gate | up] as the two halves of its
+    last axis (a fused gate_up projection) and the result has half its width."""
+    gate = _f32("gate", gate)
+    if gate.ndim < 1:
+        raise ValueError("silu_mul needs at least one axis, got a scalar")
+    if up is None:
+        if gate.shape[-1] % 2:
+            raise ValueError(f"gate_up's last axis must be even to split in halves, got "
+                             f"{list(gate.shape)}")
+        cols, stride = gate.shape[-1] // 2, gate.shape[-1]
+        shape, up_ptr = gate.shape[:-1] + (cols,), None
+    else:
+        up = _f32("up", up)
+        if up.shape != gate.shape:
+            raise ValueError(f"up must have gate's shape {list(gate.shape)}, got {list(up.shape)}")
+        cols, stride, shape = gate.shape[-1], gate.shape[-1], gate.shape
+    rows = math.prod(shape[:-1])
+    y = np.empty(shape, np.float32)
+    if rows and cols:
+        gate_ptr = _ptr(gate)
+        up_ptr = _ptr(up) if up is not None else gate_ptr + cols
+        lib.silu_mul_f32(gate_ptr, up_ptr, _ptr(y), rows, cols, stride)
+    return y

@@ -22,6 +22,7 @@ from .initializer_inputs import freeze_initializer_inputs
 from .layer_norm_fusion import fuse_layer_norm
 from .matmul_add_to_gemm import matmul_add_to_gemm
 from .rms_norm_fusion import fuse_rms_norm
+from .silu_mlp_fusion import fuse_silu_mlp
 
 
 class Pass(NamedTuple):
@@ -41,6 +42,7 @@ PASSES: list[Pass] = [
     Pass("layer_norm_fusion", 2, fuse_layer_norm),
     Pass("rms_norm_fusion", 2, fuse_rms_norm),
     Pass("gelu_fusion", 2, fuse_gelu),
+    Pass("silu_mlp_fusion", 2, fuse_silu_mlp),
     Pass("attention_fusion", 2, fuse_attention),
     Pass("conv_bn_folding", 2, fold_conv_batchnorm),
     Pass("conv_affine_folding", 2, fold_conv_affine),
