@@ -236,6 +236,7 @@ def _erf_gelu(b, x, order, scaled_by="Div", literal=None):
       half-first   Mul(Mul(x, 0.5), Add(Erf(..), 1))              (HF's x * 0.5 * (1 + erf))
       half-on-sum  Mul(x, Mul(Add(Erf(..), 1), 0.5))              (onnxruntime's pattern 3)
       reversed     Mul(0.5, Mul(Add(1, Erf(..)), x))              (constants on the left)
+      tf           Mul(Mul(0.5, x), Add(1, Erf(..)))              (tf2onnx on tf.nn.gelu)
     scaled_by "Mul" writes x * 0.70710678 for x / sqrt 2."""
     literal = literal or b.literal
     if scaled_by == "Div":
@@ -247,6 +248,8 @@ def _erf_gelu(b, x, order, scaled_by="Div", literal=None):
         return b.node("Mul", b.node("Mul", x, b.node("Add", erf, literal(1.0))), literal(0.5))
     if order == "half-first":
         return b.node("Mul", b.node("Mul", x, literal(0.5)), b.node("Add", erf, literal(1.0)))
+    if order == "tf":  # tf.nn.gelu: 0.5 * x * (1.0 + erf(x / 1.4142...)), constants left
+        return b.node("Mul", b.node("Mul", literal(0.5), x), b.node("Add", literal(1.0), erf))
     if order == "half-on-sum":
         return b.node("Mul", x, b.node("Mul", b.node("Add", erf, literal(1.0)), literal(0.5)))
     return b.node("Mul", literal(0.5), b.node("Mul", b.node("Add", literal(1.0), erf), x))
@@ -318,6 +321,7 @@ GELU_CASES = {
     "hf-half-first": lambda: gelu_erf("half-first"),
     "ort-pattern3-half-on-sum": lambda: gelu_erf("half-on-sum"),
     "constants-left": lambda: gelu_erf("reversed"),
+    "tf2onnx-erf": lambda: gelu_erf("tf"),
     "mul-by-inverse-sqrt2": lambda: gelu_erf("torchscript", scaled_by="Mul"),
     "half-first-mul-by-inverse-sqrt2": lambda: gelu_erf("half-first", scaled_by="Mul"),
     "dynamo-opset18-castlike": lambda: gelu_erf("half-first", opset=18, dynamo=True),
@@ -545,8 +549,9 @@ def conv_activation(activation, bias="input", opset=13):
     w = b.weight(5, 3, 3, 3)
     if bias == "input":
         h = b.node("Conv", x, w, b.weight(5, scale=0.1), pads=[1, 1, 1, 1])
-    else:
-        h = b.node("Add", b.node("Conv", x, w, pads=[1, 1, 1, 1]), b.weight(1, 5, 1, 1))
+    else:  # "add": the bias as (1, C, 1, 1); "add-c11": as (C, 1, 1)
+        shape = (1, 5, 1, 1) if bias == "add" else (5, 1, 1)
+        h = b.node("Add", b.node("Conv", x, w, pads=[1, 1, 1, 1]), b.weight(*shape))
     y = _activation(b, h, activation, opset)
     op = "Clip" if activation == "Clip6" else activation
     return Case(b.model({y: [B, 5, 7, 9]}), {"com.microsoft::FusedConv": 1},
@@ -565,4 +570,5 @@ BIAS_ACTIVATION_CASES = {
     "conv-relu6-clip-attributes-opset10": lambda: conv_activation("Clip6", opset=10),
     "conv-add-bias-relu": lambda: conv_activation("Relu", bias="add"),
     "conv-add-bias-relu6": lambda: conv_activation("Clip6", bias="add", opset=13),
+    "conv-add-bias-c11-leakyrelu": lambda: conv_activation("LeakyRelu", bias="add-c11"),
 }
