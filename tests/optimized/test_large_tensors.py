@@ -187,7 +187,7 @@ def _available_gib() -> float:
 
 big = pytest.mark.skipif(
     os.environ.get("ONNX_PARITY_BIG_TESTS") != "1",
-    reason="needs about 10 GiB free and a minute; set ONNX_PARITY_BIG_TESTS=1 to run")
+    reason="needs about 10 GiB free and about 3 minutes; set ONNX_PARITY_BIG_TESTS=1 to run")
 
 
 def _need_memory(gib: float) -> None:
