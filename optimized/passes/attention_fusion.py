@@ -36,6 +36,7 @@ from ._graph import (
     opset_version,
     private_values,
     producers,
+    reads_type_only,
     scalar,
     set_nodes,
     splice,
@@ -132,9 +133,11 @@ class _Matcher:
         return p
 
     def _only_reader(self, name):
-        """The one reader of `name`, Shape nodes aside (they read its shape only; the match
-        takes them in with the scale they compute, or private_values turns it down)."""
-        readers = [r for r in self.uses.get(name, []) if r.op_type != "Shape"]
+        """The one reader of `name`, Shape and CastLike(.., name) aside (they read its shape or
+        type only; the match takes them in with the scale they compute, or private_values turns
+        it down)."""
+        readers = [r for r in self.uses.get(name, [])
+                   if r.op_type != "Shape" and not reads_type_only(r, name)]
         return readers[0] if len(readers) == 1 and name not in self.outputs else None
 
     def reader(self, node, op_type):
@@ -237,6 +240,13 @@ class _Matcher:
                     return None
                 leaves[value_name] = np.array(shape, np.int64)[attr(node, "start", 0):attr(
                     node, "end", None)]
+            elif node.op_type == "CastLike":  # only the type of its second input matters
+                pending.append(node.input[0])
+                like = self.shapes.elem_type(node.input[1])
+                if like is None:
+                    return None
+                leaves.setdefault(node.input[1], np.zeros((), helper.tensor_dtype_to_np_dtype(
+                    like)))
             else:
                 pending.extend(n for n in node.input if n)
         computed = [n for n in nodes if n.op_type != "Shape"]

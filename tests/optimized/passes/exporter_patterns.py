@@ -436,6 +436,15 @@ def _scale_from_shape(b, q):
     return lambda: b.node("Sqrt", scale)
 
 
+def _scale_from_shape_torchlib(b, q):
+    """torchlib's _attention_scale (the dynamo exporter, before onnxscript's optimizer folds
+    it): Gather(Shape(query), [-1]), CastLike to the query, 1 (CastLike too) / its Sqrt."""
+    size = b.node("CastLike", b.node("Gather", b.node("Shape", q),
+                                     b.literal([-1], np.int64), axis=0), q)
+    scale = b.node("Div", b.node("CastLike", b.literal(1.0), q), b.node("Sqrt", size))
+    return lambda: b.node("Sqrt", scale)
+
+
 def attention_sdpa(opset=14, mask=True, scale_from_shape=False):
     """F.scaled_dot_product_attention as TorchScript (symbolic_opset14) and dynamo (torchlib)
     write it: K^T by Transpose(0, 1, 3, 2), both Q and K^T multiplied by sqrt(scale), MatMul,
@@ -446,7 +455,7 @@ def attention_sdpa(opset=14, mask=True, scale_from_shape=False):
     explicit = opset >= 18  # the dynamo exporter
     q, k, v = (_heads(b, _linear(b, x, HIDDEN, HIDDEN), explicit=explicit) for _ in "qkv")
     if scale_from_shape:
-        root_scale = _scale_from_shape(b, q)
+        root_scale = (_scale_from_shape_torchlib if explicit else _scale_from_shape)(b, q)
     else:
         root_scale = lambda: b.literal(math.sqrt(1 / math.sqrt(HEAD)))  # noqa: E731
     q_scaled = b.node("Mul", q, root_scale())
@@ -459,7 +468,7 @@ def attention_sdpa(opset=14, mask=True, scale_from_shape=False):
     y = _merge(b, b.node("MatMul", probs, v), explicit=explicit)
     shapes = tuple(n.output[0] for n in b.nodes if n.op_type == "Shape")
     return Case(b.model({y: [B, S, HIDDEN]}), {"com.microsoft::MultiHeadAttention": 1},
-                ("Softmax", "Transpose", "Shape"), (q_scaled, probs) + shapes)
+                ("Softmax", "Transpose", "Shape", "CastLike"), (q_scaled, probs) + shapes)
 
 
 def attention_gpt2_past():
@@ -500,6 +509,7 @@ ATTENTION_CASES = {
     "sdpa-no-mask": lambda: attention_sdpa(mask=False),
     "sdpa-dynamo-opset18": lambda: attention_sdpa(18),
     "sdpa-scale-from-shape": lambda: attention_sdpa(scale_from_shape=True),
+    "sdpa-dynamo-scale-from-shape": lambda: attention_sdpa(18, scale_from_shape=True),
 }
 
 
