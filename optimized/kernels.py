@@ -158,7 +158,7 @@ class PointerTable:
     cdata) lives as long as the table does, so keep the PointerTable, not only `.table`, for as
     long as C may read through it."""
 
-    __slots__ = ("table", "arrays", "_buffers")
+    __slots__ = ("_buffers", "arrays", "table")
 
     def __init__(self, size: int, arrays: dict[int, np.ndarray]):
         self.arrays = dict(arrays)
