@@ -171,6 +171,64 @@ AVX2 static inline __attribute__((always_inline)) void gemv4_block_rows(
     for (int i = 0; i < rows; ++i) y[r + i] = hsum256(acc[i]);
 }
 
+/* Weight row r against a_rows (<= 4) rows of a at once (a row i at a + i * a_stride, its
+ * result at y + i * y_stride + r): each code is dequantized once for all of them. */
+AVX2 static inline __attribute__((always_inline)) void gemv4_a_rows(
+    const nbits_weights *w, const float *a, size_t a_stride, float *y, size_t y_stride, int r,
+    float *zps, int integer_zp, const int a_rows)
+{
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i mask = _mm256_set1_epi32(0x0F), magic = _mm256_set1_epi32(0x4B000000);
+    const float two23 = 8388608.0f;
+    const uint8_t *q = w->b + (size_t)r * w->n_blocks * w->blob;
+    const float *sc = w->scales + (size_t)r * w->n_blocks;
+    __m256 acc[4];
+    row_zero_points(w, r, zps);
+    for (int i = 0; i < a_rows; ++i) acc[i] = _mm256_setzero_ps();
+    for (int blk = 0; blk < w->n_blocks; ++blk, q += w->blob) {
+        __m256 offset = _mm256_set1_ps(integer_zp ? two23 + zps[blk] : two23);
+        __m256 zp = _mm256_set1_ps(integer_zp ? 0.0f : zps[blk]);
+        __m256 p[4];
+        for (int i = 0; i < a_rows; ++i) p[i] = _mm256_setzero_ps();
+        const float *ap = a + (size_t)blk * w->block_size;
+        for (int j = 0; j < w->block_size; j += 8) {
+            int32_t word;
+            memcpy(&word, q + j / 2, 4);
+            __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), mask);
+            __m256 f = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(c, magic)), offset);
+            if (!integer_zp)
+                f = _mm256_sub_ps(f, zp);
+            for (int i = 0; i < a_rows; ++i)
+                p[i] = _mm256_fmadd_ps(f, _mm256_loadu_ps(ap + i * a_stride + j), p[i]);
+        }
+        __m256 scale = _mm256_set1_ps(sc[blk]);
+        for (int i = 0; i < a_rows; ++i) acc[i] = _mm256_fmadd_ps(p[i], scale, acc[i]);
+    }
+    for (int i = 0; i < a_rows; ++i) y[i * y_stride + r] = hsum256(acc[i]);
+}
+
+/* gemv4_a_rows over weight rows [row0, row1) for 2 to 4 rows of a. */
+AVX2 static void gemv4_avx2_a_rows(const nbits_weights *w, const float *a, size_t a_stride,
+                                   int a_rows, float *y, size_t y_stride, int row0, int row1,
+                                   float *zps)
+{
+#define GEMV4_A_ROWS(ROWS)                                                                    \
+    for (int r = row0; r < row1; ++r) {                                                      \
+        if (w->zp_float == NULL)                                                              \
+            gemv4_a_rows(w, a, a_stride, y, y_stride, r, zps, 1, ROWS);                       \
+        else                                                                                  \
+            gemv4_a_rows(w, a, a_stride, y, y_stride, r, zps, 0, ROWS);                       \
+    }
+    if (a_rows == 2) {
+        GEMV4_A_ROWS(2)
+    } else if (a_rows == 3) {
+        GEMV4_A_ROWS(3)
+    } else {
+        GEMV4_A_ROWS(4)
+    }
+#undef GEMV4_A_ROWS
+}
+
 AVX2 static void gemv4_avx2(const nbits_weights *w, const float *a, float *y, int row0,
                             int row1, float *zps)
 {
@@ -280,16 +338,22 @@ static void arrange_a(const float *a, int k, int padded, float *out)
     for (int i = k; i < padded; ++i) out[i] = 0.0f;
 }
 
+/* Rows of a that one pass over the weights serves (the 4-bit AVX2 path takes several). */
+enum { A_ROWS_PER_PASS = 4 };
+
 static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, int allow_simd)
 {
     int padded = w->n_blocks * w->block_size, path = gemv_path(w, allow_simd);
-    float *a_arranged = malloc((size_t)padded * sizeof(float));
+    int per_pass = path == PATH_AVX2_4BIT ? A_ROWS_PER_PASS : 1;
+    float *a_arranged = malloc((size_t)per_pass * padded * sizeof(float));
     if (a_arranged == NULL)
         return -1;
     int status = 0;
     int threads = threads_for((size_t)w->n * padded / 4);
-    for (int i = 0; i < m && status == 0; ++i) {
-        arrange_a(a + (size_t)i * w->k, w->k, padded, a_arranged);
+    for (int i = 0; i < m && status == 0; i += per_pass) {
+        int a_rows = m - i < per_pass ? m - i : per_pass;
+        for (int j = 0; j < a_rows; ++j)
+            arrange_a(a + (size_t)(i + j) * w->k, w->k, padded, a_arranged + (size_t)j * padded);
         float *yi = y + (size_t)i * w->n;
         #pragma omp parallel num_threads(threads)
         {
@@ -304,7 +368,10 @@ static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, in
                 status = -1;
             } else if (row0 < row1) {
 #if defined(__x86_64__)
-                if (path == PATH_AVX2_4BIT)
+                if (path == PATH_AVX2_4BIT && a_rows > 1)
+                    gemv4_avx2_a_rows(w, a_arranged, (size_t)padded, a_rows, yi, (size_t)w->n,
+                                      row0, row1, zps);
+                else if (path == PATH_AVX2_4BIT)
                     gemv4_avx2(w, a_arranged, yi, row0, row1, zps);
                 else if (path == PATH_AVX2_8BIT)
                     gemv8_avx2(w, a_arranged, yi, row0, row1, zps);
@@ -382,7 +449,9 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
     if (k == 0) {
         for (size_t i = 0; i < (size_t)m * n; ++i) y[i] = 0.0f;
     } else {
-        int status = m <= GEMV_MAX_ROWS ? gemv_rows(&w, a, m, y, allow_simd)
+        int gemv_max = gemv_path(&w, allow_simd) == PATH_AVX2_4BIT ? 2 * A_ROWS_PER_PASS
+                                                                   : GEMV_MAX_ROWS;
+        int status = m <= gemv_max ? gemv_rows(&w, a, m, y, allow_simd)
                                         : gemm_panels(&w, a, m, y, allow_simd);
         if (status != 0)
             return status;
