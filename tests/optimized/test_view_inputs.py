@@ -10,13 +10,14 @@ few KiB: numpy keeps freed blocks under 1 KiB in a cache of its own, where ASan
 (csrc/asan_check.sh) could not see a read after free.
 """
 import ast
+import gc
 import pathlib
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from optimized import InferenceSession, SessionOptions, chains
+from optimized import InferenceSession, SessionOptions, chains, kernels
 from optimized.cpu import KERNELS
 from optimized.plan import Plan
 from reference import ReferenceEvaluator
@@ -307,6 +308,20 @@ def test_exporter_style_models_feed_views_into_fast_steps(name, receiver):
             step.run = recording
     plan.run(random_feeds(model))
     assert any(seen)
+
+
+def test_pointer_table_keeps_what_it_points_into_alive():
+    # the table is the only owner of these copies: they must outlive every other reference
+    table = kernels.PointerTable(4, {1: np.arange(600, dtype=np.float32)[::-1].copy(),
+                                     3: np.full(600, 2.5, np.float32)})
+    gc.collect()
+    clobber = [np.full(600, -1.0, np.float32) for _ in range(8)]  # would reuse freed blocks
+    assert table.table[0] == kernels.ffi.NULL and table.table[2] == kernels.ffi.NULL
+    assert [table.table[1][i] for i in (0, 599)] == [599.0, 0.0]
+    assert table.table[3][300] == 2.5
+    assert all((c == -1.0).all() for c in clobber)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.PointerTable(2, {0: np.zeros((4, 6), np.float32).T})
 
 
 def test_pointers_reach_c_only_through_the_kernels_module():
