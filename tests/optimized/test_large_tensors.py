@@ -168,6 +168,13 @@ def test_conv_output_plane_past_2_31_is_refused_by_name():
         kernels.conv2d(x, np.ones((1, 1, 1, 1), np.float32))
 
 
+def test_attention_past_2_31_elements_is_refused_by_name():
+    # its GEMMs take Sk and D as the BLAS's leading dimensions
+    q = zero_page_array((1, 1, BIG, 1))
+    with pytest.raises(ValueError, match=r"Q size=2147483648"):
+        kernels.attention(q, np.ones((1, 1, 2, 1), np.float32), np.ones((1, 1, 2, 1), np.float32))
+
+
 def test_c_int_arguments_are_checked_both_ways():
     with pytest.raises(ValueError, match="causal_offset=-2147483649"):
         kernels.attention(*(np.ones((1, 1, 2, 3), np.float32),) * 3, causal=True,
