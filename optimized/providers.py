@@ -21,9 +21,15 @@ def select(providers=None, provider_options=None) -> tuple[list[str], dict[str, 
     """(providers really used, their options). CUDA without a usable GPU warns as onnxruntime
     does and falls back to the CPU provider, which is always last."""
     names, options = _split(providers or [CPU], provider_options)
-    unknown = [p for p in names if p not in KNOWN]
+    from .info import ALL_PROVIDERS
+
+    unknown = [p for p in names if p not in ALL_PROVIDERS]
     if unknown:
-        raise ValueError(f"unavailable providers {unknown}; available: {KNOWN}")
+        raise ValueError(f"unknown providers {unknown}; available: {KNOWN}")
+    for name in [p for p in names if p not in KNOWN]:  # onnxruntime's, not built here
+        warnings.warn(f"Specified provider '{name}' is not in available provider names. "
+                      f"Available providers: '{', '.join(KNOWN)}'", UserWarning, stacklevel=3)
+    names = [p for p in names if p in KNOWN]
     chosen: dict[str, dict] = {}
     for name in names:
         if name == CUDA:

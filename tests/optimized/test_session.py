@@ -81,8 +81,15 @@ def test_bad_feeds_fail_before_any_kernel_runs(feeds, error, message, monkeypatc
 
 
 def test_unknown_provider_is_refused():
-    with pytest.raises(ValueError, match="TensorrtExecutionProvider"):
-        ort.InferenceSession(_mlp_model().SerializeToString(), providers=["TensorrtExecutionProvider"])
+    with pytest.raises(ValueError, match="TensorrtExecutinProvider"):  # a typo: no such provider
+        ort.InferenceSession(_mlp_model().SerializeToString(), providers=["TensorrtExecutinProvider"])
+
+
+def test_onnxruntimes_other_providers_warn_and_fall_back_to_the_cpu():
+    with pytest.warns(UserWarning, match="'TensorrtExecutionProvider' is not in available provider names"):
+        sess = ort.InferenceSession(_mlp_model().SerializeToString(),
+                                    providers=["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    assert sess.get_providers() == ["CPUExecutionProvider"]
 
 
 def test_profiling_writes_one_event_per_node(tmp_path):
