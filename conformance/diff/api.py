@@ -144,6 +144,8 @@ def _attribute(report: DiffReport, attributor: Attributor) -> None:
         if verdict == MADE and ra.node is not None and _subgraph_made(ra, made_paths):
             verdict = MADE_INSIDE
         row.verdict = verdict
+        attributor.verdicts[ra.key] = verdict
+        row.bound_used = attributor.shares.get(ra.key)
         row.note = attributor.notes.get(ra.key, "")
         if verdict == MADE:
             made_paths.append(ra.path)
