@@ -39,7 +39,13 @@ class GraphPlan:
                 self._graphs.pop(oldest, None)
             planned = self._planned[key]
             if planned is not None:
-                outputs = planned.run(feeds, device_outputs)  # eager: compiles every kernel
+                try:
+                    outputs = planned.run(feeds, device_outputs)  # eager: compiles every kernel
+                except LaunchError as e:  # a launch the planner did not foresee failing
+                    self._planned[key] = None
+                    self.not_planned = str(e)
+                    self._warn(f"{e.label} cannot be captured: {type(e.error).__name__}: {e.error}")
+                    return self.plan.run(feeds, device_outputs=device_outputs)
                 if self.enable_cuda_graph:
                     self._capture(planned, key)
                 return outputs

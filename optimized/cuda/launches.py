@@ -393,9 +393,11 @@ def plan_max_pool(dev, node, ins, attrs):
     y = Spec((x.shape[0], x.shape[1], out[0], out[1]), x.dtype)
     padded = any(begin + end)
 
+    lowest = -np.inf if np.dtype(x.dtype).kind == "f" else np.iinfo(x.dtype).min
+
     def bind(a, o, s):
         xp, yv = _xp_of(o[0]), o[0]
-        launches = _pad_launches(a[0], s[0], begin, -np.inf) if padded else []
+        launches = _pad_launches(a[0], s[0], begin, lowest) if padded else []
         taps = _taps(s[0] if padded else a[0], kernel, strides, dilations, out)
         launches.append(lambda: xp.copyto(yv, taps[0]))
         launches += [lambda v=v: xp.maximum(yv, v, out=yv) for v in taps[1:]]

@@ -90,12 +90,15 @@ class PlannedRun:
     def _plan_step(self, i, step, values, feeds) -> None:
         node = step.node
         ins = [values.get(s) if s != ABSENT else None for s in step.inputs]
-        for s, v in zip(step.inputs, ins):
-            if s != ABSENT and v is None and self.plan.names[s] not in feeds:
-                raise PlanError(node, f"input {self.plan.names[s]!r} has no value when planned")
         if node.domain == FUSED_DOMAIN and node.op_type in (COPY_TO_DEVICE, COPY_TO_HOST):
             self._plan_copy(i, step, ins, values, feeds)
             return
+        for s, v in zip(step.inputs, ins):
+            if s != ABSENT and v is None:
+                name = self.plan.names[s]
+                raise PlanError(node, f"reads graph input {name!r} on the host: its value is known "
+                                      f"only at run time" if name in feeds else
+                                      f"input {name!r} has no value when planned")
         if self.plan.placement.devices.get(node.name) != CUDA:
             raise PlanError(node, "runs on the host (no device kernel for it)")
         host_inputs = self._host_inputs(node)

@@ -216,3 +216,30 @@ def test_planned_outputs_that_are_feeds_initializers_or_empty(case):
                 assert type(g) is np.ndarray and g.shape == w.shape
                 np.testing.assert_array_equal(g, w)
     assert plan._graphs
+
+
+def test_a_value_read_on_the_host_from_a_feed_is_not_planned():
+    """Reduce axes given as a graph input: their value is known only at run time."""
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    m = model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+              {"x": x, "axes": np.array([1], np.int64)}, ["y"])
+    plan = _graph_plan(m)
+    for axes in ([1], [0, 2]):
+        feeds = {"x": x, "axes": np.array(axes, np.int64)}
+        with pytest.warns(UserWarning, match="reads graph input 'axes' on the host") if axes == [1] \
+                else warnings.catch_warnings():
+            got = plan.run(feeds)[0]
+        np.testing.assert_array_equal(got, x.sum(axis=tuple(axes)))
+    assert not plan._graphs
+
+
+def test_integer_max_pool_pads_with_the_lowest_integer():
+    x = np.random.default_rng(4).integers(0, 255, (1, 2, 5, 4), dtype=np.uint8)
+    m = model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+              {"x": x}, ["y"], out_type=2)
+    plan = _graph_plan(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = plan.run({"x": x})[0]
+    assert plan._graphs
+    np.testing.assert_array_equal(got, ReferenceEvaluator(m).run(None, {"x": x})[0])
