@@ -78,11 +78,12 @@ def test_against_reference(m, n, k, bits, block_size, zero_points, with_bias, si
     assert_agrees(got, a, b, scales, zp, bias, k=k, n=n, bits=bits, block_size=block_size)
 
 
-@pytest.mark.parametrize("m", [1, 2, 48], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 48], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("bits,block_size", [(4, 32), (4, 128), (8, 64), (4, 16)])
 def test_many_panels_and_threads(m, bits, block_size):
-    """Large enough for several dequantized panels split across two threads (prefill) and for
-    the decode loop's split over N; K is not a multiple of the block size."""
+    """Large enough for several dequantized panels split across two threads (prefill), for the
+    decode loop's split over N and its passes over 4 rows of A at a time (m = 5, 8); K is not
+    a multiple of the block size."""
     rng = np.random.default_rng(m * block_size)
     n, k = 300, 3 * block_size + 7
     b, scales, zp = quantized(rng, n, k, bits, block_size, "packed")
