@@ -321,6 +321,8 @@ def _shape_stand_ins(node, opset=0) -> list:
     if node.op_type == "FusedMatMul" and not any(
             a.name.startswith("trans") and a.i for a in node.attribute):
         return [helper.make_node("MatMul", list(node.input)[:2], list(node.output)[:1])]
+    if node.op_type == "MatMulNBits" and opset >= 10 and attr(node, "N") is not None:
+        return _matmul_nbits_stand_in(node)
     # Gelu, FastGelu, SkipLayerNormalization (output and sum) and MultiHeadAttention as the
     # passes write it: the output has the first input's shape
     same_as_first = {"Gelu": (0,), "FastGelu": (0,), "SkipLayerNormalization": (0, 3),
@@ -329,6 +331,21 @@ def _shape_stand_ins(node, opset=0) -> list:
         return [helper.make_node("Identity", [node.input[0]], [node.output[i]])
                 for i in same_as_first[node.op_type] if i < len(node.output) and node.output[i]]
     return [node]
+
+
+def _matmul_nbits_stand_in(node) -> list:
+    """A (..., K) -> (..., N) in A's type: A's first column, expanded to N columns."""
+    out = node.output[0]
+
+    def const(suffix, values):
+        return helper.make_node("Constant", [], [f"{out}__shape_{suffix}"],
+                                value=numpy_helper.from_array(np.array(values, np.int64)))
+
+    names = [f"{out}__shape_{suffix}" for suffix in ("zero", "one", "last")]
+    return [const("zero", [0]), const("one", [1]), const("last", [-1]),
+            const("n", [attr(node, "N")]),
+            helper.make_node("Slice", [node.input[0]] + names, [f"{out}__shape_column"]),
+            helper.make_node("Expand", [f"{out}__shape_column", f"{out}__shape_n"], [out])]
 
 
 def is_inference_batchnorm(bn, uses, outputs, opset) -> bool:

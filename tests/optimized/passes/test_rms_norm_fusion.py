@@ -382,3 +382,25 @@ def test_kernel_rejects_bad_arguments():
         kernels.rms_norm(x, np.ones(8, np.float32), return_sum=True)
     with pytest.raises(TypeError, match="X must be float32"):
         kernels.rms_norm(x.astype(np.float64), np.ones(8, np.float32))
+
+
+def test_residual_after_a_4bit_projection_fuses():
+    """In a 4-bit model the residual branch ends in com.microsoft MatMulNBits, which onnx's
+    shape inference does not know: the passes' shape stand-in lets the norm after it fuse."""
+    rng = np.random.default_rng(7)
+    g = Graph()
+    blocks = (D + 31) // 32
+    codes = rng.integers(0, 256, (D, blocks, 16), dtype=np.uint8)
+    scales = (rng.random(D * blocks) * 0.1).astype(np.float32)
+    g.initializers += [numpy_helper.from_array(codes, "o_proj_q"),
+                       numpy_helper.from_array(scales, "o_proj_scales")]
+    g.nodes.append(helper.make_node("MatMulNBits", ["x", "o_proj_q", "o_proj_scales"], ["o_proj"],
+                                    domain="com.microsoft", K=D, N=D, bits=4, block_size=32))
+    h = g.node("Add", ["x", "o_proj"])
+    y = rms(g, h, rng)
+    out = g.node("Add", [h, y])
+    model = g.model([value("x")], [value(out)], 17)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    fused = fuse_rms_norm(model)
+    assert fused_ops(fused) == {"com.microsoft::SkipSimplifiedLayerNormalization": 1}
+    assert_same_outputs(model, fused)
