@@ -243,7 +243,6 @@ def cmd_ops(args) -> int:
 # run ------------------------------------------------------------------------------------------
 def cmd_run(args) -> int:
     import numpy as np
-
     from rich.markup import escape
 
     from reference import ReferenceEvaluator
@@ -283,7 +282,7 @@ def _run_inputs(args, ev) -> dict:
         raise FileNotFoundError(f"inputs not found: {args.inputs}")
     try:
         return load_inputs(args.inputs, ev)
-    except Exception as e:  # noqa: BLE001 - np.load raises many kinds; all mean "not inputs"
+    except Exception as e:  # np.load raises many kinds; all mean "not inputs"
         raise ValueError(f"cannot read inputs {args.inputs} (an .npz or a folder of "
                          f"input_N.pb files): {type(e).__name__}: {e}") from e
 

@@ -13,7 +13,6 @@ case.json with each input's memory layout), which tests/test_fuzz.py replays.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -396,8 +395,8 @@ def op_pool(b: Builder) -> None:
     axes = [_window(b, h, 3, op == "MaxPool", True), _window(b, w, 3, op == "MaxPool", True)]
     if None in axes:
         return op_unary(b)
-    attrs = dict(kernel_shape=[axes[0][0], axes[1][0]], strides=[axes[0][1], axes[1][1]],
-                 pads=[axes[0][3], axes[1][3], axes[0][4], axes[1][4]])
+    attrs = {"kernel_shape": [axes[0][0], axes[1][0]], "strides": [axes[0][1], axes[1][1]],
+             "pads": [axes[0][3], axes[1][3], axes[0][4], axes[1][4]]}
     if op == "MaxPool":
         attrs["dilations"] = [axes[0][2], axes[1][2]]
     else:
@@ -703,7 +702,10 @@ def run_batch(seed: int, examples: int, out_dir: str, batch: int = 0, onnxruntim
         if not last_failure:
             result.examples += 1
         save_case(case, running, [], "in progress (left here if the worker crashed)")
-        problems = check_case(case, onnxruntime=onnxruntime)
+        try:
+            problems = check_case(case, onnxruntime=onnxruntime)
+        except Exception as e:  # noqa: BLE001 - the reference or the generator failed: keep it too
+            problems = [f"harness: {type(e).__name__}: {str(e)[:500]}"]
         if problems:
             last_failure[:] = [case, problems]
             raise AssertionError("\n".join(problems))
@@ -766,10 +768,12 @@ def campaign(examples: int, seed: int = 0, jobs: int = 1, out_dir: str = "fuzz-r
 
 
 def _remove_running(out_dir: str, batch: int | None = None) -> None:
+    """A batch removes its own in-progress folder; the campaign, at the end, the parent
+    (a worker must not remove it while another writes into it)."""
     import shutil
 
     running = os.path.join(out_dir, ".running")
-    shutil.rmtree(running if batch is None else os.path.join(running, f"batch{batch}"),
-                  ignore_errors=True)
-    with contextlib.suppress(OSError):  # another worker may have just made its folder
-        os.rmdir(running)
+    if batch is None:
+        shutil.rmtree(running, ignore_errors=True)
+        return
+    shutil.rmtree(os.path.join(running, f"batch{batch}"), ignore_errors=True)

@@ -13,7 +13,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, helper, numpy_helper
 from . import ops as _ops  # noqa: F401  (registers every op family)
 from .errors import InvalidFeedError, InvalidModelError, NodeError, UnsupportedOpError
 from .functions import function_body_from_schema, schema_for
-from .loading import check_graph_structure, check_ops_implemented, load_model  # noqa: F401
+from .loading import check_graph_structure, check_ops_implemented, load_model
 from .registry import OpContext, canonical_domain, lookup
 from .types import check_feed, value_type_proto
 from .values import normalize

@@ -10,8 +10,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,8 +22,13 @@ from onnx import TensorProto, helper, numpy_helper
 import optimized
 from conformance.cli import main as cli_main
 from conformance.diff.api import diff_models
-from reference import (InvalidFeedError, InvalidModelError, NodeError, ReferenceEvaluator,
-                       UnsupportedOpError)
+from reference import (
+    InvalidFeedError,
+    InvalidModelError,
+    NodeError,
+    ReferenceEvaluator,
+    UnsupportedOpError,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -274,7 +280,7 @@ CASES = [
     Case("sess-custom-op-in-subgraph", "sess-load", lambda tmp: custom_op_in_subgraph_model(), UnsupportedOpError, r"my\.domain::Frobnicate"),
     Case("cli-run-custom-op", "cli", _argv("run", _saved(custom_op_model)), 2, r"my\.domain::Frobnicate"),
     Case("cli-diff-custom-op", "cli", _argv("diff", _saved(custom_op_model)), 2, r"my\.domain::Frobnicate"),
-    Case("diff-api-custom-op", "diff", lambda tmp: dict(a=custom_op_model()), UnsupportedOpError, r"my\.domain::Frobnicate"),
+    Case("diff-api-custom-op", "diff", lambda tmp: {"a": custom_op_model()}, UnsupportedOpError, r"my\.domain::Frobnicate"),
     # feeds that do not fit the model
     Case("unknown-input-name", "ref-run", add_with(x_feed(name="X")), InvalidFeedError, r"unknown input 'X'.*\['x'\]"),
     Case("missing-input", "ref-run", add_with({}), InvalidFeedError, r"missing input 'x'"),
@@ -333,7 +339,7 @@ CASES = [
     Case("cli-no-subcommand", "cli", _argv(), 2, r"required: command"),
     Case("cli-diff-three-models", "cli", _argv("diff", _saved(add_model), _saved(add_model), _saved(add_model)), 2, r"one or two models, got 3"),
     Case("cli-diff-unrelated-models", "cli", _argv("diff", _saved(add_model), _saved(conv_model)), 2, r"conv_model\.onnx.*input 'x'.*rank 4"),
-    Case("diff-api-unrelated-models", "diff", lambda tmp: dict(a=_saved(add_model)(tmp), b=_saved(conv_model)(tmp)), InvalidFeedError, r"conv_model\.onnx.*input 'x'.*rank 4"),
+    Case("diff-api-unrelated-models", "diff", lambda tmp: {"a": _saved(add_model)(tmp), "b": _saved(conv_model)(tmp)}, InvalidFeedError, r"conv_model\.onnx.*input 'x'.*rank 4"),
     Case("cli-fuzz-zero-examples", "cli", _argv("fuzz", "--examples", "0"), 2, r"--examples.*'0'"),
     Case("cli-fuzz-zero-jobs", "cli", _argv("fuzz", "--jobs", "0"), 2, r"--jobs.*'0'"),
 ]
@@ -384,11 +390,11 @@ def test_bad_input(case: Case, tmp_path, monkeypatch):
         code, printed = run_cli(case.build(tmp))
         assert code == case.expect, printed
         assert "Traceback" not in printed
-        assert re.search(case.message, " ".join(printed.split()), re.S), printed
+        assert re.search(case.message, " ".join(printed.split()), re.DOTALL), printed
         return
     with pytest.raises(case.expect) as info:
         run_surface(case, tmp)
-    assert re.search(case.message, str(info.value), re.S), str(info.value)
+    assert re.search(case.message, str(info.value), re.DOTALL), str(info.value)
 
 
 def test_cli_subprocess_prints_no_traceback(tmp_path):
@@ -396,7 +402,7 @@ def test_cli_subprocess_prints_no_traceback(tmp_path):
     empty = _empty_file(str(tmp_path))
     for argv in (["test", "--opset", "abc"], ["run", empty], ["run", empty, "--dim", "batch=x"]):
         proc = subprocess.run([sys.executable, "-m", "conformance.cli", *argv], capture_output=True,
-                              text=True, timeout=120, cwd=tmp_path)
+                              text=True, timeout=120, cwd=tmp_path, check=False)
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stdout + proc.stderr
         assert re.search(r"--opset|empty\.onnx|--dim", proc.stdout + proc.stderr)
@@ -516,3 +522,34 @@ def test_external_data_inside_the_folder_loads(tmp_path):
     want = x["x"] + np.linspace(-1, 1, 15, dtype=np.float32).reshape(3, 5)
     np.testing.assert_array_equal(ReferenceEvaluator(path).run(None, x)[0], want)
     np.testing.assert_array_equal(optimized.InferenceSession(path).run(None, x)[0], want)
+
+
+def catalogue_table() -> str:
+    """The catalogue as a Markdown table of what each case gives today:
+    `python -m tests.test_bad_inputs` (run from the repository root)."""
+    import tempfile
+
+    rows = ["| case | surface | result | message |", "|---|---|---|---|"]
+    for case in CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            cwd = os.getcwd()
+            os.chdir(tmp)
+            try:
+                if case.surface == "cli":
+                    code, printed = run_cli(case.build(tmp))
+                    result, message = f"exit {code}", " ".join(printed.split())
+                else:
+                    try:
+                        run_surface(case, tmp)
+                        result, message = "no error", ""
+                    except Exception as e:  # noqa: BLE001 - the table reports whatever happens
+                        result, message = type(e).__name__, str(e)
+            finally:
+                os.chdir(cwd)
+        message = " ".join(message.replace(tmp, "<tmp>").replace("|", "\\|").split())
+        rows.append(f"| {case.id} | {case.surface} | {result} | {message[:160]} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(catalogue_table())

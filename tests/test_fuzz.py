@@ -91,7 +91,7 @@ def test_a_planted_fault_is_found_shrunk_and_saved(tmp_path, monkeypatch):
     _planted(monkeypatch)
     result = fuzz.run_batch(seed=1, examples=100, out_dir=str(tmp_path), onnxruntime=False, max_ops=4)
     assert result.outcome == "mismatch" and "optimized level 99" in result.problems[0]
-    case, meta = fuzz.load_case(result.saved)
+    case, _ = fuzz.load_case(result.saved)
     assert len(case.model.graph.node) <= 2, case.describe()  # shrunk to (nearly) one node
     assert fuzz.check_case(case, onnxruntime=False)  # the saved case still shows the fault
     monkeypatch.undo()
