@@ -46,13 +46,16 @@ class ReferenceBackend(Backend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
+        kind = str(device).split(":")[0].upper()
+        if not hasattr(DeviceType, kind):
+            return False
         return Device(device).type in [getattr(DeviceType, d) for d in cls.devices]
 
     @classmethod
     def _check_device(cls, device: str) -> None:
         if not cls.supports_device(device):
-            raise ValueError(f"device {device!r} is not supported by {cls.__name__}; it runs on "
-                             f"{list(cls.devices)}")
+            raise RuntimeError(f"device {device!r} is not supported by {cls.__name__}; it runs on "
+                               f"{list(cls.devices)}")
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", **kwargs) -> ReferenceRep:
@@ -92,7 +95,22 @@ def node_model(node, inputs, outputs_info=None, opset_version=None) -> onnx.Mode
         opsets.append(helper.make_opsetid(domain, onnx.defs.get_schema(
             node.op_type, domain=domain).since_version if _has_schema(node, domain) else 1))
     graph = helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs, graph_outputs)
-    return helper.make_model(graph, opset_imports=opsets)
+    return with_output_types(helper.make_model(graph, opset_imports=opsets))
+
+
+def with_output_types(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Outputs declared without a type get the type onnx's shape inference gives them."""
+    untyped = [o for o in model.graph.output if not o.type.WhichOneof("value")]
+    if not untyped:
+        return model
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type for v in list(inferred.graph.output) + list(inferred.graph.value_info)}
+    for output in untyped:
+        if output.name not in types or not types[output.name].WhichOneof("value"):
+            raise ValueError(f"run_node: cannot tell the type of output {output.name!r} of "
+                             f"{model.graph.node[0].op_type}; give outputs_info")
+        output.type.CopyFrom(types[output.name])
+    return model
 
 
 def _has_schema(node, domain: str) -> bool:
