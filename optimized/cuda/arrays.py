@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections import Counter
 
 import numpy as np
@@ -283,6 +284,17 @@ def _check_gemm(a, b, out, trans_a, trans_b) -> None:
         raise ValueError(f"gemm: shapes {a.shape} x {b.shape} -> {out.shape} do not match")
 
 
+@functools.cache
+def _device_stream(device_id: int):
+    """One non-blocking stream per device, shared by its sessions, so the cuBLAS and cuDNN
+    handles bound to it are made once per process (a conformance run makes thousands of
+    sessions)."""
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.cuda.Stream(non_blocking=True)
+
+
 class CupyDevice(Device):
     def __init__(self, device_id: int = 0, use_tf32: bool = False):
         super().__init__()
@@ -292,8 +304,7 @@ class CupyDevice(Device):
         self.device_id = device_id
         self.cuda_device = cupy.cuda.Device(device_id)
         self.use_tf32 = use_tf32
-        with self.cuda_device:
-            self.stream = cupy.cuda.Stream(non_blocking=True)  # every launch of this session
+        self.stream = _device_stream(device_id)  # every launch of the sessions on this device
         self._blas = None
         self._compiled: dict = {}
         from .cudnn import cudnn_planner
@@ -332,9 +343,9 @@ class CupyDevice(Device):
     def gemm(self, a, b, out, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
         _check_gemm(a, b, out, trans_a, trans_b)
         if self._blas is None:
-            from .blas import Blas
+            from .blas import shared_blas
 
-            self._blas = Blas(self)  # the handle exists before any capture
+            self._blas = shared_blas(self)  # the handle exists before any capture
         return self._blas.plan(a, b, out, trans_a, trans_b, alpha, beta)
 
     def kernel(self, spec):

@@ -27,6 +27,17 @@ def nvmath_unavailable_reason() -> str | None:
     return None
 
 
+def shared_blas(device) -> Blas:
+    """The process's handle for this device, stream and math mode (made on first use)."""
+    key = (device.device_id, device.use_tf32)
+    if key not in _SHARED:
+        _SHARED[key] = Blas(device)
+    return _SHARED[key]
+
+
+_SHARED: dict = {}
+
+
 class Blas:
     def __init__(self, device):
         from nvmath.bindings import cublas

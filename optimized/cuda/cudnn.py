@@ -19,7 +19,18 @@ from .launches import Planned, Spec
 
 
 def cudnn_planner(device):
-    """A planner bound to `device`, or None when nvidia-cudnn-frontend is not importable."""
+    """A planner for `device`'s stream, or None when nvidia-cudnn-frontend is not usable; one
+    cuDNN handle per device and math mode in the process."""
+    key = (device.device_id, device.use_tf32)
+    if key not in _PLANNERS:
+        _PLANNERS[key] = _make_planner(device)
+    return _PLANNERS[key]
+
+
+_PLANNERS: dict = {}
+
+
+def _make_planner(device):
     try:
         import cudnn
 
