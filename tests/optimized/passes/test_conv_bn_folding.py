@@ -1,8 +1,11 @@
 """conv_bn_folding: Conv then inference BatchNormalization becomes one Conv."""
 import numpy as np
+import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from conformance.diff import ReferenceSide, diff_models
+from conformance.inputs import random_inputs
 from optimized.passes import optimize
 from optimized.passes.constant_folding import fold_constants
 from optimized.passes.conv_bn_folding import fold_conv_batchnorm
@@ -113,4 +116,13 @@ def test_light_resnet50_at_level_2_gives_the_same_outputs():
     # the residual Sum + Relu at the end of each bottleneck
     assert counts["com.microsoft::FusedConv"] == 1 + 2 * 16 + 16 and counts["Conv"] == 4
     assert not {"BatchNormalization", "Relu", "Sum"} & set(counts)
-    assert_same_outputs(model, optimized, rtol=1e-3, atol=1e-5)
+    onnx.checker.check_model(optimized, full_check=True)
+    # A fixed rtol/atol on the logits depended on the BLAS kernel (one logit near -0.98 among
+    # values near 1e3 moved by 2.4e-3 under OpenBLAS's default kernel, not under Haswell's).
+    # Node by node, each value out of the diff's tolerance is judged instead by the error its
+    # node's arithmetic allows in any summation order: the folded FusedConv on the original's
+    # activations against its exact float64 value, and the original's chain against the same.
+    report = diff_models(ReferenceSide(model), ReferenceSide(optimized, label="level 2"),
+                         feeds=random_inputs(model, seed=0))
+    assert report.divergent == [], report.summary()
+    assert report.row(logits).metrics is not None
