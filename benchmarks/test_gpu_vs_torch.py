@@ -220,7 +220,25 @@ def _time(benchmark, case, runtime):
 
 
 def _check(name, model, feeds, got):
+    if name.startswith("resnet50"):
+        # the light ResNet-50's weights are all 0.02: its logits are equal up to rounding and a
+        # softmax of logits one ulp apart is one-hot, so two GEMM libraries are compared on the
+        # logits (see tests/optimized/cuda/test_plan.py)
+        model = _without_final_softmax(model)
+        run, fetch = ours(model, feeds)
+        run()
+        got = fetch()
     run, fetch = torch_runner(name, model, feeds, compiled=False)
     run()
     for g, w in zip(got, fetch()):
         np.testing.assert_allclose(g, w, rtol=1e-2, atol=1e-2, err_msg=name)
+
+
+def _without_final_softmax(model):
+    last = model.graph.node[-1]
+    assert last.op_type == "Softmax" and last.output[0] == model.graph.output[0].name
+    cut = type(model).FromString(model.SerializeToString())
+    del cut.graph.node[-1]
+    cut.graph.output[0].name = last.input[0]
+    del cut.graph.output[0].type.tensor_type.shape.dim[:]
+    return cut
