@@ -393,6 +393,7 @@ static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, in
 static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, int allow_simd)
 {
     int padded = w->n_blocks * w->block_size, path = gemv_path(w, allow_simd);
+    (void)path; /* read by the x86-64 code only */
     /* 64-bit: a padded row of more than 2^29 floats is more than 2^31 bytes */
     int64_t row_bytes = (int64_t)padded * (int64_t)sizeof(float);
     int rows = (int)(PANEL_BYTES / row_bytes);
