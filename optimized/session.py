@@ -32,6 +32,8 @@ from .ortvalue import OrtMemoryInfo, OrtValue
 from .plan import Profiler
 
 PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+# onnxruntime's other InferenceSession keywords: accepted and ignored (the passes are ours)
+ACCEPTED_KEYWORDS = {"disabled_optimizers", "read_config_from_model"}
 
 
 class NodeArg:
@@ -70,6 +72,10 @@ class InferenceSession:
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
             raise TypeError(f"sess_options: expected optimized.SessionOptions, got "
                             f"{type(sess_options).__name__}")
+        unknown = set(kwargs) - ACCEPTED_KEYWORDS
+        if unknown:
+            raise TypeError(f"InferenceSession got unexpected keyword arguments {sorted(unknown)}; "
+                            f"accepted: {sorted(ACCEPTED_KEYWORDS)}")
         self._options = sess_options or SessionOptions()
         self._path_or_bytes = path_or_bytes
         self._fallback = True
@@ -203,7 +209,11 @@ class InferenceSession:
         return [self._memory_info() for _ in self._outputs]
 
     def _memory_info(self) -> OrtMemoryInfo:
-        """Feeds and results are host values on both providers (run() copies to the device)."""
+        """Where the plan reads inputs and writes outputs: the GPU on the CUDA provider (run()
+        copies host feeds there), else the host."""
+        cuda = self._provider_options.get("CUDAExecutionProvider")
+        if cuda is not None:
+            return OrtMemoryInfo.for_provider("CUDAExecutionProvider", cuda["device_id"])
         return OrtMemoryInfo.for_provider("CPUExecutionProvider")
 
     def get_provider_graph_assignment_info(self):

@@ -268,6 +268,22 @@ def test_ortvalue_with_onnx_type(rt):
     assert (v.data_type(), v.element_type(), v.shape()) == ("tensor(bfloat16)", TensorProto.BFLOAT16, [4])
 
 
+def test_ortvalue_on_a_device_this_machine_lacks_is_a_runtime_error(rt):
+    if "CUDAExecutionProvider" in rt.get_available_providers():
+        pytest.skip("this machine has a usable GPU; the refusal needs one without")
+    with pytest.raises(RuntimeError):
+        rt.OrtValue.ortvalue_from_numpy(X, "cuda", 0)
+
+
+def test_session_keywords(rt):
+    sess = rt.InferenceSession(affine_model().SerializeToString(), providers=["CPUExecutionProvider"],
+                               disabled_optimizers=["ConstantFolding"])
+    np.testing.assert_allclose(sess.run(None, {"x": X})[0], expected(), rtol=1e-6)
+    if rt is optimized:
+        with pytest.raises(TypeError, match="disabled_optimisers"):
+            rt.InferenceSession(affine_model().SerializeToString(), disabled_optimisers=[])
+
+
 def test_ortdevice_and_memory_info(rt):
     d = rt.OrtDevice.make("cpu", 0)
     assert (d.device_type(), d.device_id(), d.device_vendor_id(), d.device_mem_type()) == (0, 0, 0, 0)
