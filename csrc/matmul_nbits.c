@@ -84,9 +84,11 @@ static void dequant_row(const nbits_weights *w, int row, float *out, float *zps)
 
 /* --- decode: one row of a against every weight row -------------------------------------- */
 
+VECTOR_CLONES
 static float dot_portable(const float *x, const float *y, int len)
 {
     float s = 0.0f;
+    #pragma omp simd reduction(+ : s)
     for (int i = 0; i < len; ++i) s += x[i] * y[i];
     return s;
 }
@@ -118,7 +120,7 @@ AVX2 static inline __m256 bytes_to_ps(__m128i bytes8)
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8));
 }
 
-/* 4-bit codes, block_size a multiple of 32, a in its own order: each 4 bytes broadcast to the
+/* 4-bit codes, block_size a multiple of 8, a in its own order: each 4 bytes broadcast to the
  * 8 lanes, shifted by 4 * lane and masked, give 8 codes in order; OR-ing them into the
  * exponent of 2^23 makes the floats 2^23 + code exactly, so one subtraction of 2^23 + zero
  * point gives code - zero point (integer zero points; float ones take one more).  ROWS weight
@@ -319,7 +321,7 @@ static int gemv_path(const nbits_weights *w, int allow_simd)
 {
 #if defined(__x86_64__)
     if (allow_simd && have_avx2()) {
-        if (w->bits == 4 && w->block_size % 32 == 0)
+        if (w->bits == 4 && w->block_size % 8 == 0)
             return PATH_AVX2_4BIT;
         if (w->bits == 8 && w->block_size % 16 == 0)
             return PATH_AVX2_8BIT;
@@ -420,7 +422,7 @@ static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, 
                 for (int r = 0; r < count; ++r) {
                     float *dst = panel + (size_t)r * padded;
 #if defined(__x86_64__)
-                    if (path != PATH_PORTABLE)
+                    if (path != PATH_PORTABLE && w->block_size % 32 == 0)
                         dequant_row_avx2(w, row0 + r, dst, zps);
                     else
 #endif
