@@ -367,7 +367,7 @@ class CupyDevice(Device):
         return launcher
 
     def elementwise(self, group, inputs, out):
-        key = (group.output, group.expression, np.dtype(out.dtype).name)
+        key = (group.expression, len(group.inputs), np.dtype(out.dtype).name)  # one compile per code
         if key not in self._compiled:
             self._compiled[key] = self.xp.ElementwiseKernel(**group.cuda_source(out.dtype))
         kernel, stream = self._compiled[key], self.stream
