@@ -834,9 +834,3 @@ def plan_where(dev, node, ins, attrs):
 def shape_constant(node, spec: Spec, attrs) -> np.ndarray:
     """Shape's output for an input of a known shape: a plan-time constant."""
     return np.array(spec.shape[attrs.get("start", 0):attrs.get("end")], np.int64)
-
-
-def math_mode(use_tf32: bool) -> str:
-    """The float32 math mode that ran, as the agreement policy is told it."""
-    return "tf32" if use_tf32 else "fp32"
-

@@ -227,6 +227,10 @@ def test_provider_options_follow_onnxruntime():
     assert as_strings({"CUDAExecutionProvider": cuda}) == {
         "CUDAExecutionProvider": {"device_id": "1", "enable_cuda_graph": "1", "use_tf32": "0"}}
     assert _cuda_options({"use_tf32": "1"})["use_tf32"] is True
+    from optimized.providers import math_mode
+
+    assert math_mode({"CUDAExecutionProvider": _cuda_options({"use_tf32": True})}) == "tf32"
+    assert math_mode({"CUDAExecutionProvider": cuda}) == "fp32" == math_mode({"CPUExecutionProvider": {}})
     with pytest.raises(ValueError, match="unknown CUDAExecutionProvider options"):
         _cuda_options({"device": 0})
     with pytest.raises(ValueError, match="unknown providers"):  # onnxruntime's other names warn
