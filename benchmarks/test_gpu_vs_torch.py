@@ -157,13 +157,19 @@ def torch_model(case, model):
 
 
 # runners ----------------------------------------------------------------------------------
-def ours(model, feeds):
+# the math modes PyTorch runs by default: cuDNN convolutions on TF32
+# (torch.backends.cudnn.allow_tf32), float32 matmuls without (torch.backends.cuda.matmul.allow_tf32)
+def uses_tf32(case: str) -> bool:
+    return case.startswith("resnet50")
+
+
+def ours(model, feeds, use_tf32=False):
     import cupy
 
     import optimized as ort
 
     sess = ort.InferenceSession(model.SerializeToString(), providers=[
-        ("CUDAExecutionProvider", {"enable_cuda_graph": True})])
+        ("CUDAExecutionProvider", {"enable_cuda_graph": True, "use_tf32": use_tf32})])
     binding = sess.io_binding()
     for name, value in feeds.items():
         binding.bind_input(name, cupy.asarray(value))
@@ -210,11 +216,12 @@ def test_torch_compile(benchmark, case):
 def _time(benchmark, case, runtime):
     name, model, feeds = case
     if runtime == "onnx-parity-cuda-graph":
-        run, fetch = ours(model, feeds)
+        run, fetch = ours(model, feeds, uses_tf32(name))
     else:
         run, fetch = torch_runner(name, model, feeds, compiled=runtime == "torch-compile")
     run()  # captures the CUDA graph / compiles, outside the timing
-    benchmark.extra_info.update({"case": name, "runtime": runtime})
+    benchmark.extra_info.update({"case": name, "runtime": runtime,
+                                 "tf32": "conv" if uses_tf32(name) else "off"})
     benchmark.pedantic(run, rounds=50 if "seq1" in name else 20, warmup_rounds=3)
     _check(name, model, feeds, fetch())
 
@@ -225,7 +232,7 @@ def _check(name, model, feeds, got):
         # softmax of logits one ulp apart is one-hot, so two GEMM libraries are compared on the
         # logits (see tests/optimized/cuda/test_plan.py)
         model = _without_final_softmax(model)
-        run, fetch = ours(model, feeds)
+        run, fetch = ours(model, feeds, uses_tf32(name))
         run()
         got = fetch()
     run, fetch = torch_runner(name, model, feeds, compiled=False)
