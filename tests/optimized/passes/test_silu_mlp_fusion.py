@@ -214,3 +214,25 @@ def test_kernel_against_float64():
         kernels.silu_mul(gate, up[:, :, :5])
     with pytest.raises(ValueError, match="must be even"):
         kernels.silu_mul(gate)
+
+
+def test_4bit_mlp_from_onnxruntimes_quantizer_fuses_and_agrees():
+    """The Llama MLP with its three projections quantized to 4 bits by onnxruntime's
+    MatMulNBitsQuantizer: the SiLU product between the MatMulNBits nodes fuses (their output
+    shapes come from the passes' stand-in) and the level-99 session agrees with the reference."""
+    pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = llama_mlp(opset=17)
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=16, is_symmetric=False)
+    quantizer.process()
+    quantized = quantizer.model.model
+    assert op_types(quantized)["com.microsoft::MatMulNBits"] == 3
+    fused = optimize(quantized, 2)
+    assert SILU_MUL in {n.op_type for n in fused.graph.node}
+    feeds = feeds_for(quantized)
+    [expected] = ReferenceEvaluator(quantized).run(None, feeds)
+    options = optimized.SessionOptions()
+    options.graph_optimization_level = optimized.GraphOptimizationLevel.ORT_ENABLE_ALL
+    got = optimized.InferenceSession(quantized.SerializeToString(), options).run(None, feeds)[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
