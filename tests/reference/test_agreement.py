@@ -318,3 +318,21 @@ def test_a_sum_missing_one_term_fails_once_the_term_exceeds_the_bound(x, pick):
     if abs(float(x[j])) < bound - rounding:
         assert verdict.ok
     assert allowed.ok
+
+
+# layering ---------------------------------------------------------------------------------------
+def test_reference_and_optimized_import_nothing_from_conformance():
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    offenders = []
+    for package in ("reference", "optimized"):
+        for path in (root / package).rglob("*.py"):
+            for stmt in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in stmt.names] if isinstance(stmt, ast.Import)
+                         else [stmt.module or ""] if isinstance(stmt, ast.ImportFrom)
+                         and not stmt.level else [])
+                offenders += [f"{path.relative_to(root)}: {n}" for n in names
+                              if n.split(".")[0] == "conformance"]
+    assert offenders == []
