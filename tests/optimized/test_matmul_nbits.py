@@ -129,20 +129,20 @@ def test_rank3_input_keeps_its_leading_axes():
 
 
 @pytest.mark.parametrize("change,error", [
-    (dict(b=np.zeros(10, np.uint8)), "B must hold 256 bytes"),
-    (dict(b=np.zeros(256, np.int8)), "B must be a uint8"),
-    (dict(scales=np.ones(3, np.float32)), "scales must hold"),
-    (dict(zero_points=np.zeros(3, np.uint8)), "zero_points must hold 8 bytes"),
-    (dict(zero_points=np.zeros(3, np.float32)), r"float zero_points must hold N \* blocks = 16"),
-    (dict(bias=np.zeros(3, np.float32)), "bias must have shape"),
-    (dict(block_size=48), "power of 2"),
-    (dict(bits=3), "bits must be 2, 4 or 8"),
-    (dict(a=np.zeros((1, 63), np.float32)), "last axis must be K=64"),
+    ({"b": np.zeros(10, np.uint8)}, "B must hold 256 bytes"),
+    ({"b": np.zeros(256, np.int8)}, "B must be a uint8"),
+    ({"scales": np.ones(3, np.float32)}, "scales must hold"),
+    ({"zero_points": np.zeros(3, np.uint8)}, "zero_points must hold 8 bytes"),
+    ({"zero_points": np.zeros(3, np.float32)}, r"float zero_points must hold N \* blocks = 16"),
+    ({"bias": np.zeros(3, np.float32)}, "bias must have shape"),
+    ({"block_size": 48}, "power of 2"),
+    ({"bits": 3}, "bits must be 2, 4 or 8"),
+    ({"a": np.zeros((1, 63), np.float32)}, "last axis must be K=64"),
 ])
 def test_bad_arguments_are_named(change, error):
-    args = dict(a=np.zeros((1, 64), np.float32), b=np.zeros((8, 2, 16), np.uint8),
-                scales=np.ones(16, np.float32), zero_points=None, bias=None, k=64, n=8, bits=4,
-                block_size=32)
+    args = {"a": np.zeros((1, 64), np.float32), "b": np.zeros((8, 2, 16), np.uint8),
+            "scales": np.ones(16, np.float32), "zero_points": None, "bias": None, "k": 64,
+            "n": 8, "bits": 4, "block_size": 32}
     args.update(change)
     with pytest.raises((ValueError, TypeError), match=error):
         kernels.matmul_nbits(args.pop("a"), args.pop("b"), args.pop("scales"),
@@ -154,7 +154,7 @@ def test_provider_leaves_reordered_groups_to_the_reference():
     rng = np.random.default_rng(2)
     b, scales, _ = quantized(rng, 8, 64, 4, 32, None)
     a = rng.standard_normal((1, 64), dtype=np.float32)
-    attrs = dict(K=64, N=8, bits=4, block_size=32)
+    attrs = {"K": 64, "N": 8, "bits": 4, "block_size": 32}
     plain = np.arange(64, dtype=np.int32) // 32
     assert cpu.matmul_nbits(a, b, scales, None, plain, **attrs) is not NotImplemented
     assert cpu.matmul_nbits(a, b, scales, None, plain[::-1].copy(), **attrs) is NotImplemented
@@ -201,7 +201,7 @@ def test_onnxruntime_quantizer_output(m, bits, block_size, symmetric):
     ours = optimized.InferenceSession(model.SerializeToString(), options).run(None, {"a": a})[0]
     theirs = ort.InferenceSession(model.SerializeToString(),
                                   providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
-    attrs = dict(k=k, n=n, bits=bits, block_size=block_size)
+    attrs = {"k": k, "n": n, "bits": bits, "block_size": block_size}
     assert_agrees(ours, a, b, scales, zp, None, **attrs)
     # onnxruntime against the same truth, with the same bound: both read the weights alike
     assert_agrees(theirs, a, b, scales, zp, None, **attrs)
