@@ -77,7 +77,6 @@ class InferenceSession:
             raise TypeError(f"InferenceSession got unexpected keyword arguments {sorted(unknown)}; "
                             f"accepted: {sorted(ACCEPTED_KEYWORDS)}")
         self._options = sess_options or SessionOptions()
-        self._path_or_bytes = path_or_bytes
         self._fallback = True
         self._profiling_start_ns = 0
         with as_load_errors():
