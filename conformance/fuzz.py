@@ -24,7 +24,7 @@ import onnx
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from .compare import Mismatch, Tolerance, compare_values
+from reference.agreement import Mismatch, Tolerance, compare_values
 
 OPSET = 21
 IR_VERSION = 10  # what onnxruntime >= 1.20 reads; opset 21 needs IR 10
@@ -35,8 +35,8 @@ ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
              "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
 LAYOUTS = ("contiguous", "transposed", "strided", "reversed", "broadcast")
 
-# Whole-graph float comparison (conformance/compare.py's policy with these tolerances). Inputs
-# are multiples of 1/4 in [-2, 2] and graphs have at most a dozen ops, so results are O(10)
+# Whole-graph float comparison: reference/agreement.py's corpus policy with these tolerances.
+# Inputs are multiples of 1/4 in [-2, 2] and graphs have at most a dozen ops, so results are O(10)
 # before an Exp; a different summation order in MatMul/Conv/reductions (K <= 60 terms) moves a
 # float32 result by about K*u*sum|ab| <= 60 * 6e-8 * 100 = 4e-4 near cancellation: atol 1e-3.
 # float16 has u = 4.9e-4, and a fused kernel that rounds once where the reference rounds per
@@ -357,7 +357,19 @@ def _window(b: Builder, size: int, max_kernel: int, dilate: bool, pad_below_kern
     if size + sum(pads) < span:
         return None
     out = (size + sum(pads) - span) // stride + 1
+    if pad_below_kernel and any(_only_padding(i * stride - pads[0], kernel, dilation, size)
+                                for i in range(out)):
+        # A pooling window of padding alone has no value the spec gives (onnxruntime says
+        # -FLT_MAX, NumPy -inf); exporters never write one.
+        if size < span:
+            return None
+        pads = (0, 0)
+        out = (size - span) // stride + 1
     return kernel, stride, dilation, pads[0], pads[1], out
+
+
+def _only_padding(first: int, kernel: int, dilation: int, size: int) -> bool:
+    return not any(0 <= first + j * dilation < size for j in range(kernel))
 
 
 def _spatial(b: Builder, dtypes) -> Value:
