@@ -9,7 +9,7 @@ import time
 
 from rich.console import Console
 
-from .pins import CACHE_ENV, Cache, CorpusUnavailable, CorruptPin, load_pins, select_pins
+from .pins import CACHE_ENV, Cache, CorpusUnavailable, PinMismatch, load_pins, select_pins
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -81,9 +81,10 @@ class _Download:
 
 # corpus ---------------------------------------------------------------------------------------
 def cmd_corpus(args) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
-    from .corpus import open_corpus, verify_generated
+    from .corpus import forget_mismatch, is_cached, open_corpus, verify_cached
 
     console = _console()
     cache = Cache(args.cache_dir)
@@ -92,23 +93,21 @@ def cmd_corpus(args) -> int:
     for col in ("opset", "onnx", "source", "state", "node", "other", "unavailable"):
         table.add_column(col, justify="left" if col in ("source", "state") else "right")
     failed = False
+    fetch = args.action == "fetch" and not args.offline
     for pin in pins:
         source = "generated" if pin.generated else "wheel"
         download = _Download(console)
         try:
-            if args.action == "list":
-                cached = cache.has_wheel(pin.wheel) if not pin.generated else (
-                    cache.generated_dir(pin) / "manifest.json").is_file()
-                if not cached:
-                    table.add_row(str(pin.opset), pin.onnx, source, "not cached",
-                                  str(pin.node_tests), "", "")
-                    continue
-            if args.action == "verify" and not pin.generated and cache.has_wheel(pin.wheel):
-                cache.verified_wheel(pin.wheel)
-            corpus = open_corpus(pin, cache, fetch=args.action != "list" and not args.offline,
-                                 progress=download)
-            if args.action == "verify" and pin.generated:
-                verify_generated(pin, cache)
+            if args.action == "list" and not is_cached(pin, cache):
+                table.add_row(str(pin.opset), pin.onnx, source, "not cached",
+                              str(pin.node_tests), "", "")
+                continue
+            if args.action == "verify":
+                verify_cached(pin, cache)  # re-hashes what is cached; fetches nothing
+            if fetch and pin.generated:
+                forget_mismatch(pin, cache)  # an explicit fetch tries a recorded mismatch again
+            corpus = open_corpus(pin, cache, fetch=fetch, progress=download,
+                                 announce=lambda what, pin=pin: _announce(console, pin, what))
             state = "ok"
             if corpus.node_count != pin.node_tests:
                 state, failed = f"{corpus.node_count} node tests, pin says {pin.node_tests}", True
@@ -119,11 +118,12 @@ def cmd_corpus(args) -> int:
             unavailable = sum(bool(t.unavailable) for t in corpus.tests)
             table.add_row(str(pin.opset), pin.onnx, source, state, str(corpus.node_count),
                           str(other), str(unavailable))
-        except (CorpusUnavailable, CorruptPin) as e:
+        except (CorpusUnavailable, PinMismatch) as e:
             failed = True
-            table.add_row(str(pin.opset), pin.onnx, source, "[red]missing[/red]"
-                          if isinstance(e, CorpusUnavailable) else "[red]corrupt[/red]", "", "", "")
-            console.print(f"[red]opset {pin.opset}:[/red] {e}")
+            state = ("mismatch" if isinstance(e, PinMismatch)
+                     else "unavailable" if fetch else "not cached")
+            table.add_row(str(pin.opset), pin.onnx, source, f"[red]{state}[/red]", "", "", "")
+            console.print(f"[red]opset {pin.opset}:[/red] {escape(str(e))}")
         finally:
             download.close()
     if not (args.action == "list" and args.tests):
@@ -131,11 +131,23 @@ def cmd_corpus(args) -> int:
     return EXIT_FAIL if failed else EXIT_OK
 
 
+def _announce(console: Console, pin, what: str) -> None:
+    """Say what a first use waits for (a download also shows its bytes on a terminal)."""
+    console.print(f"opset {pin.opset}: {what}")
+
+
 # test -----------------------------------------------------------------------------------------
 def cmd_test(args) -> int:
     from .backends import make_backend
     from .expectations import Expectations
-    from .reports import print_summary, problems, write_json, write_junit, write_markdown
+    from .reports import (
+        anchor_differences,
+        print_summary,
+        problems,
+        write_json,
+        write_junit,
+        write_markdown,
+    )
     from .runner import RunConfig, apply_expectations, collect_tests
 
     console = _console()
@@ -156,20 +168,22 @@ def cmd_test(args) -> int:
     pins = select_pins(load_pins(), args.opset)
     download = _Download(console)
     try:
-        tests = collect_tests(pins, cache, pattern, progress=download)
-    except (CorpusUnavailable, CorruptPin) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return EXIT_FAIL
+        tests, unusable = collect_tests(pins, cache, pattern, progress=download,
+                                        announce=lambda pin, what: _announce(console, pin, what))
     finally:
         download.close()
-    if not tests:
+    for bad in unusable:  # reported, and the run goes on with every other pin
+        from rich.markup import escape
+
+        console.print(f"[red]error:[/red] opset {bad.opset} cannot run: {escape(bad.message)}")
+    if not tests and not unusable:
         console.print("[yellow]no tests match[/yellow]")
         return EXIT_USAGE
     expectations_name = args.backend if args.backend != "optimized" else f"optimized-{args.provider}"
     expectations = Expectations.load(expectations_name)
     config = RunConfig(args.backend, options, args.cache_dir, args.compare_with, args.timeout)
     start = time.perf_counter()
-    results = _run_with_progress(tests, config, args.jobs, console)
+    results = (_run_with_progress(tests, config, args.jobs, console) if tests else []) + unusable
     elapsed = time.perf_counter() - start
     apply_expectations(results, expectations, strict=not backend.anchor)
     print_summary(results, console, args.compare_with, args.backend)
@@ -178,6 +192,14 @@ def cmd_test(args) -> int:
     hidden = len(problems(results)) - args.show
     if hidden > 0:
         console.print(f"... and {hidden} more (see --json / --markdown)")
+    if args.compare_with:
+        differ = anchor_differences(results)
+        console.print(f"{len(differ)} tests differ between {args.backend} and {args.compare_with}"
+                      + (":" if differ else ""))
+        for r in differ[: args.show]:
+            console.print(f"  {r.id}: {args.backend} {r.outcome}, {args.compare_with} {r.anchor_outcome}")
+        if len(differ) > args.show:
+            console.print(f"  ... and {len(differ) - args.show} more (see --json / --markdown)")
     console.print(f"{len(results)} tests in {elapsed:.1f} s with {args.jobs} jobs")
     meta = {"backend": args.backend, "options": options, "opsets": [p.opset for p in pins],
             "compare_with": args.compare_with, "seconds": elapsed,

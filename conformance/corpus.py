@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +28,15 @@ from reference.dtypes import np_dtype
 from reference.values import EMPTY, normalize
 
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL
-from .generate import MANIFEST, NODE_DIR, manifest_hash, manifest_of
-from .pins import Cache, CorpusUnavailable, CorruptPin, Pin, compatible_generator_wheel
+from .generate import MANIFEST, NODE_DIR
+from .pins import (
+    Cache,
+    CorpusUnavailable,
+    Pin,
+    PinMismatch,
+    compatible_generator_wheel,
+    sha256_file,
+)
 
 DATA = "onnx/backend/test/data"
 FOLDER_KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator")
@@ -259,6 +268,10 @@ def _strings_to_str(value):
 
 
 # opening pins ---------------------------------------------------------------------------
+VERIFIED = "verified.json"  # in a generated folder: the pin data it was checked against
+SHOWN_DIFFERENCES = 12
+
+
 @contextlib.contextmanager
 def _cache_lock(cache: Cache):
     """Serialise fetching and generating across processes (pytest-xdist workers, parallel runs)."""
@@ -273,22 +286,29 @@ def _cache_lock(cache: Cache):
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def open_corpus(pin: Pin, cache: Cache, fetch: bool = True, progress=None) -> Corpus:
-    """The pin's corpus from the cache, fetching (or generating) what is missing if allowed."""
-    if fetch and not _is_cached(pin, cache):
+def open_corpus(pin: Pin, cache: Cache, fetch: bool = True, progress=None,
+                announce=None) -> Corpus:
+    """The pin's corpus from the cache, fetching (or generating) what is missing if allowed.
+
+    `progress(bytes, total)` follows a download; `announce(what)` is called before a download or
+    a generation starts. A generated corpus that did not match its pin is not generated again on
+    every call: the mismatch is recorded and raised again until the pin data, numpy, Python or
+    the CPU-feature/BLAS settings change, or until forget_mismatch (corpus fetch) asks for it."""
+    if fetch and not is_cached(pin, cache):
         with _cache_lock(cache):
-            return _open_corpus(pin, cache, fetch, progress)
-    return _open_corpus(pin, cache, fetch, progress)
+            return _open_corpus(pin, cache, fetch, progress, announce or (lambda what: None))
+    return _open_corpus(pin, cache, fetch, progress, announce or (lambda what: None))
 
 
-def _is_cached(pin: Pin, cache: Cache) -> bool:
+def is_cached(pin: Pin, cache: Cache) -> bool:
+    """True when the pin opens without a download or a generation."""
     if not pin.generated:
         return cache.has_wheel(pin.wheel)
-    return (cache.generated_dir(pin) / MANIFEST).is_file() and any(
+    return _stamp_matches(pin, cache.generated_dir(pin)) and any(
         cache.has_wheel(w) for w in pin.generator_wheels)
 
 
-def _open_corpus(pin: Pin, cache: Cache, fetch: bool, progress) -> Corpus:
+def _open_corpus(pin: Pin, cache: Cache, fetch: bool, progress, announce) -> Corpus:
     if not pin.generated:
         if not cache.has_wheel(pin.wheel):
             if not fetch:
@@ -296,6 +316,7 @@ def _open_corpus(pin: Pin, cache: Cache, fetch: bool, progress) -> Corpus:
                     f"opset {pin.opset} (onnx {pin.onnx}) is not cached in {cache.root}; "
                     f"run `onnx-parity corpus fetch --opset {pin.opset}`"
                 )
+            announce(f"downloading {pin.wheel.file}")
             cache.fetch_wheel(pin.wheel, progress)
         return Corpus(pin, Source(wheel=cache.wheel_path(pin.wheel)))
     wheel = compatible_generator_wheel(pin)
@@ -304,21 +325,52 @@ def _open_corpus(pin: Pin, cache: Cache, fetch: bool, progress) -> Corpus:
             f"opset {pin.opset} (onnx {pin.onnx}, generated) is not cached in {cache.root}; "
             f"run `onnx-parity corpus fetch --opset {pin.opset}`"
         )
+    if not cache.has_wheel(wheel):
+        announce(f"downloading {wheel.file}")
     wheel_path = cache.fetch_wheel(wheel, progress)
     folder = cache.generated_dir(pin)
-    if not (folder / MANIFEST).is_file():
-        if not fetch:
-            raise CorpusUnavailable(
-                f"opset {pin.opset}'s node corpus has not been generated in {folder}; "
-                f"run `onnx-parity corpus fetch --opset {pin.opset}`"
-            )
-        generate_corpus(pin, wheel_path, folder)
+    if not _stamp_matches(pin, folder):
+        if (folder / MANIFEST).is_file():
+            _adopt_or_quarantine(pin, cache)  # made before this pin data: check it once
+        if not _stamp_matches(pin, folder):
+            if not fetch:
+                raise CorpusUnavailable(
+                    f"opset {pin.opset}'s node corpus has not been generated in {folder}; "
+                    f"run `onnx-parity corpus fetch --opset {pin.opset}`"
+                )
+            _raise_recorded_mismatch(pin, cache)
+            announce(f"generating the node corpus with onnx {pin.onnx}'s test-case generators "
+                     f"(about half a minute, once)")
+            generate_corpus(pin, wheel_path, cache)
     return Corpus(pin, Source(wheel=wheel_path, folder=folder))
 
 
-def generate_corpus(pin: Pin, wheel_path: Path, folder: Path) -> str:
-    """Run the pinned release's generators in a subprocess; returns the manifest hash."""
-    work = Path(tempfile.mkdtemp(prefix=".gen-", dir=folder.parent if folder.parent.exists() else None))
+def _stamp_matches(pin: Pin, folder: Path) -> bool:
+    try:
+        stamp = json.loads((folder / VERIFIED).read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("values_sha256") == pin.values_sha256
+
+
+def _adopt_or_quarantine(pin: Pin, cache: Cache) -> None:
+    """A folder generated before this pin data: keep it if it matches, else set it aside."""
+    folder = cache.generated_dir(pin)
+    differences = check_generated(pin, folder)
+    if differences:
+        _keep_for_inspection(pin, cache, folder, differences)
+    else:
+        _write_stamp(pin, folder)
+
+
+def generate_corpus(pin: Pin, wheel_path: Path, cache: Cache) -> Path:
+    """Run the pinned release's generators in a subprocess and check the result against the pin.
+
+    Returns the folder on a match. On a mismatch the files move to the cache's quarantine
+    folder, the mismatch is recorded (see open_corpus) and PinMismatch names the files."""
+    folder = cache.generated_dir(pin)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".gen-", dir=folder.parent))
     try:
         site = work / "site"
         with zipfile.ZipFile(wheel_path) as z:
@@ -335,17 +387,15 @@ def generate_corpus(pin: Pin, wheel_path: Path, folder: Path) -> str:
                 f"generating opset {pin.opset}'s corpus with onnx {pin.onnx} failed:\n"
                 f"{proc.stderr[-3000:]}"
             )
-        digest = json.loads((out / MANIFEST).read_text())["sha256"]
-        if pin.manifest_sha256 and digest != pin.manifest_sha256:
-            raise CorruptPin(
-                f"the generated opset {pin.opset} corpus has manifest hash {digest}, "
-                f"but the pin says {pin.manifest_sha256}"
-            )
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        differences = check_generated(pin, out)
+        if differences:
+            _quarantine(pin, cache, out, differences, generated=True)
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(out, folder)
-        return digest
+        _write_stamp(pin, folder)
+        cache.mismatch_record(pin).unlink(missing_ok=True)
+        return folder
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -354,16 +404,123 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
-def verify_generated(pin: Pin, cache: Cache) -> str:
-    """Recompute the generated corpus's manifest hash from its files."""
+def pin_data(pin: Pin) -> dict:
+    """The pin's data file, checked against the sha256 that pins.toml gives for it."""
+    from .valuepin import load_pin_data
+
+    path = Path(pin.values)
+    if not path.is_file():
+        raise PinMismatch(f"opset {pin.opset}'s pin data {path} is missing from this installation")
+    actual = sha256_file(path)
+    if actual != pin.values_sha256:
+        raise PinMismatch(f"{path} has sha256 {actual}, but pins.toml says {pin.values_sha256}")
+    return load_pin_data(path)
+
+
+def check_generated(pin: Pin, root: Path) -> list:
+    """Every difference between the generated files under root and the pin (empty: a match)."""
+    from .valuepin import compare, fingerprint
+
+    data = pin_data(pin)
+    return compare(data["files"], fingerprint(root), data["tolerance"])
+
+
+def _write_stamp(pin: Pin, folder: Path) -> None:
+    (folder / VERIFIED).write_text(json.dumps({"values_sha256": pin.values_sha256,
+                                               "checked": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+
+
+def _environment(root: Path) -> dict:
+    from .valuepin import environment
+
+    try:
+        generated = json.loads((root / MANIFEST).read_text()).get("environment", {})
+    except (OSError, ValueError):
+        generated = {}
+    return {**environment(), **generated}
+
+
+def _keep_for_inspection(pin: Pin, cache: Cache, root: Path, differences: list) -> tuple:
+    """Move the files to the cache's quarantine folder with a list of their differences."""
+    place = cache.quarantine_dir(pin, time.strftime("%Y%m%d-%H%M%S"))
+    place.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(root, place)
+    env = _environment(place)
+    (place / "mismatch.txt").write_text(
+        "".join(f"{d}\n" for d in differences) + f"environment: {json.dumps(env)}\n")
+    return place, env
+
+
+def _quarantine(pin: Pin, cache: Cache, root: Path, differences: list, generated: bool = False):
+    """Keep the files for inspection, record a generation's mismatch, raise PinMismatch."""
+    place, env = _keep_for_inspection(pin, cache, root, differences)
+    where = "generated here" if generated else f"cached in {cache.generated_dir(pin)}"
+    shown = "".join(f"\n  {d}" for d in differences[:SHOWN_DIFFERENCES])
+    more = len(differences) - SHOWN_DIFFERENCES
+    message = (
+        f"mismatch: the opset {pin.opset} corpus {where} (onnx {pin.onnx}, numpy "
+        f"{env.get('numpy')}, {env.get('machine')}) differs from its pin {pin.values} in "
+        f"{len(differences)} file(s):{shown}" + (f"\n  ... and {more} more" if more > 0 else "")
+        + f"\nThe files are kept in {place} (all differences in mismatch.txt)."
+    )
+    if generated:
+        message += (f"\nIt is not generated again until numpy, Python, the CPU-feature and BLAS "
+                    f"settings or the pin change; `onnx-parity corpus fetch --opset {pin.opset}` "
+                    f"tries again now.")
+        record = {"values_sha256": pin.values_sha256, "environment": _environment_key(),
+                  "message": message}
+        cache.mismatch_record(pin).write_text(json.dumps(record))
+    else:
+        message += f"\n`onnx-parity corpus fetch --opset {pin.opset}` generates it again."
+    raise PinMismatch(message)
+
+
+def _environment_key() -> str:
+    from .valuepin import environment
+
+    settings = {k: os.environ.get(k, "") for k in ("NPY_DISABLE_CPU_FEATURES", "OPENBLAS_CORETYPE")}
+    key = json.dumps({**environment(), **settings}, sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _raise_recorded_mismatch(pin: Pin, cache: Cache) -> None:
+    try:
+        record = json.loads(cache.mismatch_record(pin).read_text())
+    except (OSError, ValueError):
+        return
+    if (record.get("values_sha256") == pin.values_sha256
+            and record.get("environment") == _environment_key()):
+        raise PinMismatch(f"{record['message']}\n(recorded at an earlier run)")
+
+
+def forget_mismatch(pin: Pin, cache: Cache) -> None:
+    """Let the next open generate again (`corpus fetch` asks for this explicitly)."""
+    cache.mismatch_record(pin).unlink(missing_ok=True)
+
+
+def verify_cached(pin: Pin, cache: Cache) -> str:
+    """Re-check what is cached for `pin`, without downloading or generating anything.
+
+    Returns a short state; raises CorpusUnavailable when nothing is cached and PinMismatch
+    (after moving the files to quarantine) when cached generated files differ from the pin."""
+    if not pin.generated:
+        if not cache.has_wheel(pin.wheel):
+            raise CorpusUnavailable(f"opset {pin.opset} (onnx {pin.onnx}) is not cached in "
+                                    f"{cache.root}; run `onnx-parity corpus fetch --opset {pin.opset}`")
+        cache.verified_wheel(pin.wheel)
+        return "ok"
     folder = cache.generated_dir(pin)
-    digest = manifest_hash(manifest_of(folder))
-    if pin.manifest_sha256 and digest != pin.manifest_sha256:
-        raise CorruptPin(
-            f"{folder} has manifest hash {digest}, but the pin says {pin.manifest_sha256}; "
-            f"delete the folder and run `onnx-parity corpus fetch --opset {pin.opset}`"
-        )
-    return digest
+    wheel = compatible_generator_wheel(pin)
+    if not (folder / MANIFEST).is_file() or not cache.has_wheel(wheel):
+        _raise_recorded_mismatch(pin, cache)
+        raise CorpusUnavailable(f"opset {pin.opset}'s node corpus is not generated in {folder}; "
+                                f"run `onnx-parity corpus fetch --opset {pin.opset}`")
+    cache.verified_wheel(wheel)
+    differences = check_generated(pin, folder)
+    if differences:
+        _quarantine(pin, cache, folder, differences)
+    _write_stamp(pin, folder)
+    return "ok"
 
 
 __all__ = ["NODE_DIR", "Case", "Corpus", "CorpusTest", "open_corpus", "parse_value"]

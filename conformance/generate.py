@@ -6,7 +6,13 @@ PYTHONPATH), so the generators and the onnx they compute expected values with ar
     python -m conformance.generate OUT_DIR
 
 It writes OUT_DIR/onnx/backend/test/data/node/<test>/{model.onnx,test_data_set_0/*.pb} in the
-layout the wheels use, plus data.json where a case carries its own tolerance.
+layout the wheels use, plus data.json where a case carries its own tolerance, and
+OUT_DIR/manifest.json: every file's sha256 and what the float bytes depend on (numpy version and
+its CPU features, BLAS).
+
+Pillow is hidden from the generators: without it, the ImageDecoder cases use the frozen images
+that onnx ships (_image_decoder_data), where with it they encode images with whatever Pillow
+version is installed (its JPEG 2000 bytes differ between versions).
 """
 from __future__ import annotations
 
@@ -69,10 +75,35 @@ def manifest_hash(files: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def numpy_environment() -> dict:
+    """numpy's version, the CPU features its kernels dispatch to, and its BLAS."""
+    import numpy as np
+
+    info = {"numpy": np.__version__, "NPY_DISABLE_CPU_FEATURES":
+            os.environ.get("NPY_DISABLE_CPU_FEATURES", ""),
+            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "")}
+    try:
+        from numpy.lib.introspect import opt_func_info  # numpy >= 2.0
+
+        targets = {t["current"] for sigs in opt_func_info().values() for t in sigs.values()}
+        info["cpu_dispatch"] = sorted(targets)
+    except ImportError:
+        pass
+    try:
+        from threadpoolctl import threadpool_info
+
+        info["blas"] = sorted({f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
+                               for i in threadpool_info() if i.get("user_api") == "blas"})
+    except ImportError:
+        pass
+    return info
+
+
 def main(argv=None) -> int:
     argv = argv if argv is not None else sys.argv[1:]
     root = Path(argv[0])
     warnings.simplefilter("ignore")
+    sys.modules["PIL"] = None  # see the module docstring: frozen ImageDecoder data
     import onnx
     import onnx.backend.test.case.node as node_cases
 
@@ -81,7 +112,8 @@ def main(argv=None) -> int:
         write_case(case, root)
     files = manifest_of(root)
     (root / MANIFEST).write_text(
-        json.dumps({"onnx": onnx.__version__, "sha256": manifest_hash(files), "files": files})
+        json.dumps({"onnx": onnx.__version__, "sha256": manifest_hash(files),
+                    "environment": numpy_environment(), "files": files})
     )
     print(f"generated {len({c.name for c in cases})} node tests with onnx {onnx.__version__}")
     return 0

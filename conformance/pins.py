@@ -24,8 +24,8 @@ class CorpusUnavailable(Exception):
     """A pin is not in the cache and cannot be fetched; the message says what to do."""
 
 
-class CorruptPin(Exception):
-    """A cached file does not match its pinned hash."""
+class PinMismatch(Exception):
+    """A downloaded, cached or generated file does not match its pin; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class Pin:
     node_tests: int
     wheel: Wheel | None = None  # the wheel whose zip holds the corpus (releases <= 1.22)
     generator_wheels: tuple[Wheel, ...] = field(default=())  # for generated node data
-    manifest_sha256: str = ""
+    values: str = ""  # generated pins: path of the pin data file (conformance/pinned/), see valuepin
+    values_sha256: str = ""
 
     @property
     def generated(self) -> bool:
@@ -53,7 +54,8 @@ class Pin:
         return f"opset{self.opset}"
 
 
-def load_pins(path: Path = PINS_FILE) -> dict[int, Pin]:
+def load_pins(path: Path | str = PINS_FILE) -> dict[int, Pin]:
+    path = Path(path)
     with open(path, "rb") as f:
         data = tomllib.load(f)
     pins = {}
@@ -70,7 +72,8 @@ def load_pins(path: Path = PINS_FILE) -> dict[int, Pin]:
             node_tests=entry.get("node_tests", 0),
             wheel=wheel,
             generator_wheels=generators,
-            manifest_sha256=entry.get("manifest_sha256", ""),
+            values=str(path.parent / entry["values"]) if "values" in entry else "",
+            values_sha256=entry.get("values_sha256", ""),
         )
     return pins
 
@@ -120,15 +123,23 @@ class Cache:
     def generated_dir(self, pin: Pin) -> Path:
         return self.root / "generated" / f"onnx-{pin.onnx}"
 
+    def mismatch_record(self, pin: Pin) -> Path:
+        """Written when a generated corpus did not match its pin, so it is not retried blindly."""
+        return self.root / "generated" / f"onnx-{pin.onnx}.mismatch.json"
+
+    def quarantine_dir(self, pin: Pin, stamp: str) -> Path:
+        """Where files that did not match their pin are kept for inspection."""
+        return self.root / "quarantine" / f"onnx-{pin.onnx}-{stamp}"
+
     def has_wheel(self, wheel: Wheel) -> bool:
         return self.wheel_path(wheel).is_file()
 
     def verified_wheel(self, wheel: Wheel) -> Path:
-        """The cached wheel, checked against its pinned hash (CorruptPin if it differs)."""
+        """The cached wheel, checked against its pinned hash (PinMismatch if it differs)."""
         path = self.wheel_path(wheel)
         actual = sha256_file(path)
         if actual != wheel.sha256:
-            raise CorruptPin(
+            raise PinMismatch(
                 f"{path} has sha256 {actual}, but the pin says {wheel.sha256}; "
                 f"delete it and run `onnx-parity corpus fetch` again"
             )
@@ -160,7 +171,7 @@ class Cache:
                     if progress:
                         progress(len(block), total)
             if digest.hexdigest() != wheel.sha256:
-                raise CorruptPin(
+                raise PinMismatch(
                     f"downloaded {wheel.file} has sha256 {digest.hexdigest()}, "
                     f"but the pin says {wheel.sha256}"
                 )

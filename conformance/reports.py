@@ -99,16 +99,40 @@ def write_junit(results, path: str, backend: str) -> None:
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
 
 
+def anchor_differences(results) -> list:
+    """Tests that pass on one of the two backends and not on the other (with --compare-with)."""
+    return [r for r in results if r.anchor_outcome and r.outcome != "unavailable"
+            and (r.outcome == "pass") != (r.anchor_outcome == "pass")]
+
+
+NODE_PASS_NOTE = ("*node pass*: node tests (one operator each, from the corpus's `node` folder) "
+                  "that pass, of those run; the other tests are whole models.")
+
+
+def _cell(text: str, limit: int = 300) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:limit]
+
+
 def write_markdown(results, path: str, backend: str, anchor: str | None = None) -> None:
     header, rows = summary_rows(results, anchor)
     lines = [f"# Conformance: {backend}", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", NODE_PASS_NOTE]
     bad = problems(results)
     if bad:
         lines += ["", "## Problems", "", "| test | verdict | message |", "|---|---|---|"]
         for r in bad:
-            message = (r.message or r.reason).replace("|", "\\|").replace("\n", " ")[:300]
-            lines.append(f"| {r.id} | {r.verdict} | {message} |")
+            lines.append(f"| {r.id} | {r.verdict} | {_cell(r.message or r.reason)} |")
+    if anchor:
+        differ = anchor_differences(results)
+        lines += ["", f"## Tests where {backend} and {anchor} differ ({len(differ)})", ""]
+        if differ:
+            lines += [f"| test | {backend} | {anchor} | message |", "|---|---|---|---|"]
+            for r in differ:
+                message = r.anchor_message if r.outcome == "pass" else r.message
+                lines.append(f"| {r.id} | {r.outcome} | {r.anchor_outcome} | {_cell(message)} |")
+        else:
+            lines.append("Every test that ran has the same outcome on both.")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

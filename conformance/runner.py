@@ -5,6 +5,7 @@ takes down one worker, not the run; both are reported and the run goes on.
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import time
@@ -16,9 +17,10 @@ from .backends import make_backend
 from .compare import Mismatch, Tolerance, compare_outputs
 from .corpus import Corpus, CorpusTest, open_corpus
 from .expectations import Expectations, Tolerances, verdict
-from .pins import Cache, Pin, load_pins
+from .pins import Cache, CorpusUnavailable, Pin, PinMismatch, load_pins
 
 DEFAULT_TIMEOUT_S = 120.0
+PIN_KEY = "(corpus)"  # the key of a pin's own error entry: opset28/(corpus)
 
 
 @dataclass
@@ -217,9 +219,23 @@ def apply_expectations(results: list[TestResult], expectations: Expectations, st
     return results
 
 
-def collect_tests(pins: list[Pin], cache: Cache, pattern=None, progress=None) -> list[CorpusTest]:
-    tests = []
+def collect_tests(pins: list[Pin], cache: Cache, pattern=None, progress=None, announce=None):
+    """(tests of every pin that opens, one error result for each pin that does not).
+
+    A pin that cannot be fetched, generated or verified never stops the others.
+    `announce(pin, what)` is called before a download or a generation starts."""
+    tests, unusable = [], []
     for pin in pins:
-        corpus = open_corpus(pin, cache, fetch=True, progress=progress)
+        try:
+            corpus = open_corpus(pin, cache, fetch=True, progress=progress,
+                                 announce=announce and functools.partial(announce, pin))
+        except (CorpusUnavailable, PinMismatch) as e:
+            unusable.append(pin_error(pin, str(e)))
+            continue
         tests += [t for t in corpus.tests if pattern is None or pattern.search(t.id)]
-    return tests
+    return tests, unusable
+
+
+def pin_error(pin: Pin, message: str) -> TestResult:
+    """A pin whose corpus cannot be used, reported as one erroring entry of that pin."""
+    return TestResult(f"{pin.label}/{PIN_KEY}", pin.opset, PIN_KEY, "pin", "error", message)

@@ -1,18 +1,25 @@
 """The runner: a hung test times out and a crashing backend kills one worker; the run goes on.
 Strictness of expectations end to end through the CLI."""
+import ctypes
 import json
 import os
 import time
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from conformance import backends
 from conformance.cli import main
 from conformance.expectations import Expectations
 from conformance.pins import Cache, load_pins
+from conformance.reports import write_markdown
 from conformance.runner import RunConfig, apply_expectations, collect_tests, run_tests
+from conformance.runner import TestResult as Result
 
 from .synthetic import build_wheel, write_pins
+from .synthetic_generated import write_generated_pins
 
 
 class TroubleBackend:
@@ -35,7 +42,8 @@ def corpus_env(tmp_path, monkeypatch):
     pins_file = write_pins(tmp_path, wheel)
     monkeypatch.setitem(backends.BACKENDS, "trouble", TroubleBackend)
     cache = tmp_path / "cache"
-    tests = collect_tests(list(load_pins(pins_file).values()), Cache(cache))
+    tests, unusable = collect_tests(list(load_pins(pins_file).values()), Cache(cache))
+    assert unusable == []
     return tests, RunConfig("trouble", cache_root=str(cache), timeout_s=3, pins_file=str(pins_file))
 
 
@@ -92,3 +100,80 @@ def test_cli_corpus_offline_missing_pin_is_a_message_not_a_traceback(tmp_path, c
 def test_cli_unknown_backend_is_a_usage_error(capsys):
     assert main(["test", "--backend", "nope", "--opset", "7"]) == 2
     assert "unknown backend" in capsys.readouterr().out
+
+
+def test_cli_test_reports_a_bad_pin_and_runs_every_other(tmp_path, monkeypatch, capsys):
+    pins_file, fake = write_generated_pins(tmp_path, monkeypatch)
+    fake.tampered = True
+    monkeypatch.setattr("conformance.cli.load_pins", lambda: load_pins(pins_file))
+    monkeypatch.setattr("conformance.runner.load_pins", lambda path=None: load_pins(pins_file))
+    out = tmp_path / "r.json"
+    code = main(["test", "--opset", "13,28", "--filter", "relu_tiny", "--cache-dir",
+                 str(tmp_path / "c"), "--json", str(out), "-j", "1"])
+    assert code == 1
+    printed = capsys.readouterr().out
+    assert "opset 28 cannot run: mismatch" in printed and "output_0.pb" in printed
+    results = {r["id"]: r for r in json.loads(out.read_text())["results"]}
+    assert results["opset13/test_relu_tiny"]["verdict"] == "pass"
+    assert results["opset28/(corpus)"]["verdict"] == "error"
+    assert "differ by" in results["opset28/(corpus)"]["message"]
+
+
+def test_markdown_lists_the_tests_that_differ_from_the_anchor(tmp_path):
+    results = [
+        Result("opset21/test_a", 21, "test_a", "node", "pass", anchor_outcome="pass"),
+        Result("opset21/test_b", 21, "test_b", "node", "pass", anchor_outcome="error",
+                   anchor_message="NOT_IMPLEMENTED: Foo"),
+        Result("opset21/test_c", 21, "test_c", "node", "fail", "values differ",
+                   anchor_outcome="pass"),
+        Result("opset21/test_d", 21, "test_d", "node", "error", "boom", anchor_outcome="fail"),
+    ]
+    apply_expectations(results, Expectations.parse(""))
+    write_markdown(results, str(tmp_path / "r.md"), "reference", "onnxruntime")
+    text = (tmp_path / "r.md").read_text()
+    section = text.split("## Tests where reference and onnxruntime differ (2)")[1]
+    assert "| opset21/test_b | pass | error | NOT_IMPLEMENTED: Foo |" in section
+    assert "| opset21/test_c | fail | pass | values differ |" in section
+    assert "test_a" not in section and "test_d" not in section
+    assert "*node pass*" in text
+
+
+def _experimental_op_model():
+    # ConstantFill (opset 1..) is experimental in onnx's schemas; opset 7's corpus uses it
+    graph = helper.make_graph(
+        [helper.make_node("ConstantFill", ["x"], ["y"], value=1.0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+
+
+def test_experimental_ops_notice_is_dropped_and_other_output_kept(capfd):
+    libc = ctypes.CDLL(None)
+    onnx.checker.check_model(_experimental_op_model())
+    libc.fflush(None)
+    assert backends.EXPERIMENTAL_OPS_NOTICE.decode() in capfd.readouterr().out  # onnx prints it
+    with backends.without_experimental_ops_notice():
+        onnx.checker.check_model(_experimental_op_model())
+        os.write(1, b"other output\n")
+    out = capfd.readouterr().out
+    assert "experimental" not in out and "other output" in out
+    bad = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["missing"], ["y"])], "g", [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]))
+    # errors still raise through it
+    with pytest.raises(onnx.checker.ValidationError), backends.without_experimental_ops_notice():
+        onnx.checker.check_model(bad)
+
+
+def test_onnxruntime_anchor_keeps_failed_runs_out_of_the_log(capfd):
+    pytest.importorskip("onnxruntime", reason="the onnxruntime anchor is an optional extra")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None]),
+         helper.make_tensor_value_info("s", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    prepared = backends.OnnxruntimeBackend().prepare(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(Exception, match="cannot be reshaped"):
+        prepared.run({"x": np.zeros(6, np.float32), "s": np.array([4], np.int64)})
+    assert "onnxruntime" not in capfd.readouterr().err
