@@ -352,6 +352,10 @@ static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, in
         return -1;
     int status = 0;
     int threads = threads_for((size_t)w->n * padded / 4);
+    /* about 8 chunks a thread, each a multiple of 4 rows (the 4-row kernel's step) */
+    int64_t chunk_rows = ((int64_t)w->n / (8 * threads) + 3) / 4 * 4;
+    chunk_rows = chunk_rows < 16 ? 16 : chunk_rows;
+    int64_t chunks = ((int64_t)w->n + chunk_rows - 1) / chunk_rows;
     for (int i = 0; i < m && status == 0; i += per_pass) {
         int a_rows = m - i < per_pass ? m - i : per_pass;
         for (int j = 0; j < a_rows; ++j)
@@ -359,16 +363,19 @@ static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, in
         float *yi = y + (size_t)i * w->n;
         #pragma omp parallel num_threads(threads)
         {
-            int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
-            int64_t per = (w->n + count - 1) / count; /* 64-bit: n + count may pass 2^31 */
-            int row0 = (int)(t * per < w->n ? t * per : w->n);
-            int row1 = (int)(t * per + per < w->n ? t * per + per : w->n);
             float *zps = malloc((size_t)4 * w->n_blocks * sizeof(float));
             float *scratch = path == PATH_PORTABLE ? malloc((size_t)padded * sizeof(float)) : zps;
             if (zps == NULL || scratch == NULL) {
                 #pragma omp atomic write
                 status = -1;
-            } else if (row0 < row1) {
+            }
+            /* chunks taken as threads come free: a thread the OS runs late takes fewer */
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t c = 0; c < chunks; ++c) {
+                int row0 = (int)(c * chunk_rows);
+                int row1 = (int)(row0 + chunk_rows < w->n ? row0 + chunk_rows : w->n);
+                if (zps == NULL || scratch == NULL)
+                    continue;
 #if defined(__x86_64__)
                 if (path == PATH_AVX2_4BIT && a_rows > 1)
                     gemv4_avx2_a_rows(w, a_arranged, (size_t)padded, a_rows, yi, (size_t)w->n,
