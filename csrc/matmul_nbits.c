@@ -1,8 +1,9 @@
 /* com.microsoft MatMulNBits: y (m x n) = a (m x k) @ dequant(b)^T + bias, with b holding n rows
  * of k values quantized block by block along k: w = (q - zero_point) * scale per block.
  *
- * Decode (m small): one pass over the packed weights per row of a, dequantized in registers
- * (AVX2+FMA when the CPU has it, else portable C), split over n across the OpenMP threads.
+ * Decode and small batches (m <= 8 on the 4-bit AVX2 path, else m <= 3): one pass over the
+ * packed weights per 4 rows of a (per row off that path), dequantized in registers (AVX2+FMA
+ * when the CPU has it, else portable C), split over n in chunks across the OpenMP threads.
  * Prefill: each thread dequantizes a panel of weight rows into float32 and runs a single-threaded
  * BLAS GEMM on it, so no full float copy of the weights ever exists. */
 #include <stdlib.h>
@@ -16,7 +17,8 @@
 #include "kernels.h"
 #include "internal.h"
 
-/* Rows of a up to which each row streams the packed weights on its own (no panel). */
+/* Rows of a up to which decode streams the weights once per row (off the 4-bit AVX2 path,
+ * which serves 2 * A_ROWS_PER_PASS rows so) rather than dequantizing panels for a GEMM. */
 enum { GEMV_MAX_ROWS = 3, PANEL_BYTES = 256 * 1024, PANEL_MIN_ROWS = 16 };
 
 typedef struct {
