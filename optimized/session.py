@@ -66,6 +66,25 @@ class ModelMetadata:
         self.custom_metadata_map = {p.key: p.value for p in model.metadata_props}
 
 
+TERMINATED = "Exiting due to terminate flag being set to true."
+
+
+class TerminateWatch:
+    """Called by the plan after every node (its profiler hook): ends the run with Fail once
+    RunOptions.terminate is set, e.g. by another thread, and passes the node on to the real
+    profiler. Not used on the CUDA provider, where a hook would keep CUDA graphs from replaying
+    (there terminate is read when the run starts)."""
+
+    def __init__(self, run_options, profiler):
+        self.run_options, self.profiler = run_options, profiler
+
+    def record(self, step, values, start: float, end: float) -> None:
+        if self.profiler is not None:
+            self.profiler.record(step, values, start, end)
+        if self.run_options.terminate:
+            raise Fail(TERMINATED)
+
+
 class InferenceSession:
     def __init__(self, path_or_bytes, sess_options: SessionOptions | None = None,
                  providers=None, provider_options=None, **kwargs):
@@ -100,7 +119,7 @@ class InferenceSession:
         self._plan = make_plan(self._model, self._evaluator, self._provider_options, fuse)
         if self._options.enable_profiling:
             self._profiler = Profiler()
-            self._profiling_start_ns = time.monotonic_ns()
+            self._profiling_start_ns = time.time_ns()
         else:
             self._profiler = None
 
@@ -121,8 +140,11 @@ class InferenceSession:
         feeds = self._prepare_feeds(input_feed, run_options)
         self._set_num_threads(self._options.intra_op_num_threads)  # sessions may differ
         checker = self._check_node if self._options.check_nodes else None
+        profiler = self._profiler
+        if run_options is not None and "CUDAExecutionProvider" not in self._providers:
+            profiler = TerminateWatch(run_options, profiler)
         with as_run_errors():
-            outputs = self._plan.run(feeds, profiler=self._profiler, checker=checker)
+            outputs = self._plan.run(feeds, profiler=profiler, checker=checker)
         outputs = feed_conversion.unshared_outputs(outputs, feeds)
         return [outputs[i] for i in wanted]
 
@@ -226,7 +248,8 @@ class InferenceSession:
         return assignment_info(self._plan, self._providers)
 
     def get_profiling_start_time_ns(self) -> int:
-        """time.monotonic_ns() when profiling started, 0 when profiling is off."""
+        """When profiling started, in ns of the system clock (time.time_ns(), as onnxruntime
+        measures it); 0 when profiling is off."""
         return self._profiling_start_ns
 
     def io_binding(self):
@@ -305,7 +328,7 @@ class InferenceSession:
                 raise TypeError(f"run_options: expected optimized.RunOptions, got "
                                 f"{type(run_options).__name__}")
             if run_options.terminate:
-                raise Fail("Exiting due to terminate flag being set to true.")
+                raise Fail(TERMINATED)
             feeds = {**adapter_feeds(run_options), **feeds}
         self._check_names(feeds)
         known = {i.name: i for i in self._evaluator.input_infos + self._evaluator.overridable}

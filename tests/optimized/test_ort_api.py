@@ -365,6 +365,27 @@ def test_session_inspection(rt):
     np.testing.assert_allclose(sess.run(None, {"x": X})[0], expected(), rtol=1e-6)
 
 
+def test_profiling_start_time_and_file(rt, tmp_path):
+    import json
+    import time
+
+    so = rt.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "prof")
+    so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
+    before = time.time_ns()
+    sess = session(rt, options=so)
+    assert sess.get_session_options().enable_profiling is True
+    start = sess.get_profiling_start_time_ns()  # onnxruntime's is the system clock's, in ns
+    assert before <= start <= time.time_ns()
+    sess.run(None, {"x": X})
+    path = sess.end_profiling()
+    assert path.startswith(str(tmp_path / "prof")) and path.endswith(".json")
+    with open(path) as f:
+        events = json.load(f)
+    assert any(e.get("args", {}).get("op_name") == "Relu" for e in events)
+
+
 def test_provider_graph_assignment_info(rt):
     with pytest.raises(_errors(rt).Fail, match="record_ep_graph_assignment_info"):
         session(rt).get_provider_graph_assignment_info()

@@ -178,3 +178,22 @@ class _DeviceArray:
 def test_device_array_feed_on_the_cpu_provider_is_refused_by_name():
     with pytest.raises(TypeError, match="input 'x' is a device array"):
         _session().run(None, {"x": _DeviceArray()})
+
+
+def test_terminate_set_during_a_run_stops_it_after_the_current_node(monkeypatch):
+    from optimized import cpu
+
+    run_options = ort.RunOptions()
+    ran = []
+
+    def relu_that_cancels(x):
+        run_options.terminate = True  # as another thread would, while the run is under way
+        ran.append("relu")
+        return np.maximum(x, 0)
+
+    monkeypatch.setitem(cpu.KERNELS, ("", "Relu"), relu_that_cancels)
+    monkeypatch.setitem(cpu.KERNELS, ("", "Identity"), lambda x: ran.append("identity") or x)
+    sess = _session(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    with pytest.raises(ort.Fail, match="terminate flag"):
+        sess.run(None, {"x": np.ones((2, 8), np.float32)}, run_options)
+    assert ran == ["relu"]
