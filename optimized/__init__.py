@@ -52,6 +52,7 @@ ONNXRUNTIME_MODULES = {
     "onnxruntime": "optimized",
     "onnxruntime.capi": "optimized.capi",
     "onnxruntime.capi.onnxruntime_pybind11_state": "optimized.capi.onnxruntime_pybind11_state",
+    "onnxruntime.capi.onnxruntime_inference_collection": "optimized.capi.onnxruntime_inference_collection",
     "onnxruntime.backend": "optimized.backend",
 }
 

@@ -1,2 +1,2 @@
 """Mirrors onnxruntime.capi for apps that import from it (see optimized.register_as_onnxruntime)."""
-from . import onnxruntime_pybind11_state  # noqa: F401
+from . import onnxruntime_inference_collection, onnxruntime_pybind11_state  # noqa: F401

@@ -35,7 +35,9 @@ def test_alias_covers_onnxruntimes_submodules():
     code = ("import optimized; optimized.register_as_onnxruntime()\n"
             "import onnxruntime, onnxruntime.backend\n"
             "from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument, Fail\n"
+            "from onnxruntime.capi.onnxruntime_inference_collection import OrtValue, IOBinding\n"
             "import optimized.backend\n"
+            "assert OrtValue is optimized.OrtValue and IOBinding is optimized.IOBinding\n"
             "assert onnxruntime is optimized and onnxruntime.backend is optimized.backend\n"
             "assert InvalidArgument is optimized.InvalidArgument and Fail is optimized.Fail\n"
             "print('ok')")
