@@ -196,6 +196,14 @@ class FakeDevice(Device):
     Kernels' numpy twins run on plain views of the buffers, as a CUDA kernel runs on raw
     pointers: inside them nothing is checked."""
 
+    def __init__(self, channels_last_conv: bool = False, use_tf32: bool = False):
+        super().__init__()
+        self.use_tf32 = use_tf32
+        if channels_last_conv:  # the cuDNN path's decisions and layouts, over numpy
+            from .cudnn import channels_last_twin
+
+            self.cudnn_conv = channels_last_twin(self)
+
     def is_device_array(self, value) -> bool:
         return isinstance(value, DeviceArray)
 

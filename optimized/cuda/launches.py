@@ -30,13 +30,24 @@ F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 
 @dataclass(frozen=True)
 class Spec:
-    shape: tuple
+    shape: tuple  # the value's shape as ONNX sees it
     dtype: np.dtype
     constant: bool = False  # the same device array on every run (an initializer)
+    layout: str = ""  # "nhwc": a 4-D (n, c, h, w) value stored channels-last, as (n, h, w, c)
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def stored_shape(self) -> tuple:
+        if self.layout == NHWC:
+            n, c, h, w = self.shape
+            return (n, h, w, c)
+        return tuple(self.shape)
+
+
+NHWC = "nhwc"
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,8 @@ class Planned:
 
 
 PLANNERS: dict[tuple[str, str], Callable] = {}
+# planners that read channels-last inputs themselves; every other planner is given (n, c, h, w)
+LAYOUT_AWARE = {("", "Conv"), (MS, "FusedConv")}
 
 
 def planner(domain: str, *op_types: str):
@@ -123,13 +136,13 @@ def _plan_integer_arith(node, ins, attrs):
     out = Spec(tuple(np.broadcast_shapes(*(v.shape for v in ins))), ins[0].dtype)
 
     def bind(a, o, s, _dev=None):
-        xp = _xp_of(o[0])
+        xp = array_module(o[0])
         return [lambda: getattr(xp, name)(*a, out=o[0])]
 
     return Planned([out], bind)
 
 
-def _xp_of(array):
+def array_module(array):
     """The array module of a device array (numpy for the fake device's arrays)."""
     module = type(array).__module__.split(".")[0]
     if module == "cupy":
@@ -228,7 +241,7 @@ def plan_gemm(dev, node, ins, attrs):
     def bind(x, o, s):
         launches = []
         if c is not None:
-            xp = _xp_of(o[0])
+            xp = array_module(o[0])
             launches.append(lambda: xp.copyto(o[0], x[2]))
         launches.append(dev.gemm(x[0], x[1], o[0], ta, tb, alpha, beta if c is not None else 0.0))
         return launches + _apply(act, o[0], s)
@@ -250,12 +263,12 @@ def _inplace_activation(name, alpha=None):
     if not name:
         return lambda y: []
     if name == "Relu":
-        return lambda y: [lambda: _xp_of(y).maximum(y, 0, out=y)]
+        return lambda y: [lambda: array_module(y).maximum(y, 0, out=y)]
     if name == "Tanh":
-        return lambda y: [lambda: _xp_of(y).tanh(y, out=y)]
+        return lambda y: [lambda: array_module(y).tanh(y, out=y)]
     if name == "Sigmoid":
         def sigmoid(y):
-            xp = _xp_of(y)
+            xp = array_module(y)
             return [lambda: xp.negative(y, out=y), lambda: xp.exp(y, out=y),
                     lambda: xp.add(y, 1, out=y), lambda: xp.reciprocal(y, out=y)]
 
@@ -264,7 +277,7 @@ def _inplace_activation(name, alpha=None):
         a = float(0.01 if alpha is None else alpha)  # max(y, a*y) for a slope in [0, 1]
 
         def leaky(y, scratch):
-            xp = _xp_of(y)
+            xp = array_module(y)
             return [lambda: xp.multiply(y, a, out=scratch), lambda: xp.maximum(y, scratch, out=y)]
 
         return leaky
@@ -291,7 +304,7 @@ def _padded_spec(x: Spec, begin, end):
 
 def _pad_launches(x, padded, begin, fill):
     """Launches filling `padded` with `fill` and copying x into its interior."""
-    xp = _xp_of(padded)
+    xp = array_module(padded)
     h, w = x.shape[2:]
     interior = padded[:, :, begin[0]:begin[0] + h, begin[1]:begin[1] + w]
     return [lambda: padded.fill(fill), lambda: xp.copyto(interior, x)]
@@ -328,7 +341,7 @@ def plan_conv(dev, node, ins, attrs):
     if isinstance(act, str):
         return act
     y = Spec((n, m, out[0], out[1]), x.dtype)
-    if dev.cudnn_conv is not None:  # cuDNN, when the device has it (GPU only)
+    if dev.cudnn_conv is not None:  # channels-last convolution (cuDNN), where the device has it
         planned = dev.cudnn_conv(x, w, b, z, y, strides, dilations, begin, end, group,
                                  attrs.get("activation") or "")
         if not isinstance(planned, str):
@@ -339,11 +352,19 @@ def plan_conv(dev, node, ins, attrs):
     padded = any(begin + end)
     if padded:
         scratch.append(_padded_spec(x, begin, end))
+    # channels-last inputs (made by a channels-last convolution) are copied to (n, c, h, w) first
+    relayout = {k: len(scratch) + i for i, k in enumerate(
+        k for k in (0, 3) if k < len(ins) and ins[k] is not None and ins[k].layout == NHWC)}
+    scratch += [Spec(ins[k].shape, ins[k].dtype) for k in relayout]
 
     def bind(a, o, s):
-        xv, wv, yv = a[0], a[1], o[0]
-        xp = _xp_of(yv)
+        a = list(a)
         launches = []
+        for k, at in relayout.items():
+            launches.append(lambda d=s[at], v=a[k]: array_module(d).copyto(d, v.transpose(0, 3, 1, 2)))
+            a[k] = s[at]
+        xv, wv, yv = a[0], a[1], o[0]
+        xp = array_module(yv)
         if pointwise:
             cols = xv.reshape(n, group, k_size, out[0] * out[1])
         else:
@@ -396,7 +417,7 @@ def plan_max_pool(dev, node, ins, attrs):
     lowest = -np.inf if np.dtype(x.dtype).kind == "f" else np.iinfo(x.dtype).min
 
     def bind(a, o, s):
-        xp, yv = _xp_of(o[0]), o[0]
+        xp, yv = array_module(o[0]), o[0]
         launches = _pad_launches(a[0], s[0], begin, lowest) if padded else []
         taps = _taps(s[0] if padded else a[0], kernel, strides, dilations, out)
         launches.append(lambda: xp.copyto(yv, taps[0]))
@@ -431,7 +452,7 @@ def plan_average_pool(dev, node, ins, attrs):
         scratch.append(_padded_spec(Spec(x.shape, work), begin, end))
 
     def bind(a, o, s):
-        xp, total = _xp_of(o[0]), s[0]
+        xp, total = array_module(o[0]), s[0]
         launches = []
         source = a[0]
         if padded:
@@ -455,11 +476,11 @@ def plan_global_pool(dev, node, ins, attrs):
     axes = tuple(range(2, len(x.shape)))
     y = Spec(tuple(x.shape[:2]) + (1,) * len(axes), x.dtype)
     if node.op_type == "GlobalMaxPool":
-        return Planned([y], lambda a, o, s: [lambda: _xp_of(o[0]).amax(a[0], axis=axes, keepdims=True, out=o[0])])
+        return Planned([y], lambda a, o, s: [lambda: array_module(o[0]).amax(a[0], axis=axes, keepdims=True, out=o[0])])
     work = _compute(x.dtype)
 
     def bind(a, o, s):
-        xp = _xp_of(o[0])
+        xp = array_module(o[0])
         if work == x.dtype:
             return [lambda: xp.mean(a[0], axis=axes, keepdims=True, out=o[0])]
         return [lambda: xp.mean(a[0], axis=axes, keepdims=True, dtype=work, out=s[0]),
@@ -480,7 +501,7 @@ def plan_softmax(dev, node, ins, attrs):
     scratch = [rows] + ([Spec(x.shape, work)] if work != x.dtype else [])
 
     def bind(a, o, s):
-        xp, red = _xp_of(o[0]), s[0]
+        xp, red = array_module(o[0]), s[0]
         e = s[1] if len(s) > 1 else o[0]
         launches = [] if e is o[0] else [lambda: xp.copyto(e, a[0])]
         source = e if e is not o[0] else a[0]
@@ -522,7 +543,7 @@ def plan_layer_normalization(dev, node, ins, attrs):
     has_bias = int(bias is not None)
 
     def bind(a, o, s):
-        xp = _xp_of(o[0])
+        xp = array_module(o[0])
         sc32, b32 = s[0], s[1]
         launches = [lambda: xp.copyto(sc32.reshape(normalized), a[1])]
         if bias is not None:
@@ -556,7 +577,7 @@ def _plan_reduce(method):
         work = _compute(x.dtype) if method in ("mean", "sum") else np.dtype(x.dtype)
 
         def bind(a, o, s):
-            xp = _xp_of(o[0])
+            xp = array_module(o[0])
             fn = getattr(xp, method)
             if work == x.dtype:
                 return [lambda: fn(a[0], axis=axes, keepdims=keep, out=o[0])]
@@ -614,7 +635,7 @@ def plan_attention(dev, node, ins, attrs):
     launch = dev.kernel(raw_kernels.ATTENTION)
 
     def bind(a, o, sc):
-        xp = _xp_of(o[0])
+        xp = array_module(o[0])
         qh, kh, vh, bias32, out32 = sc
         launches = [lambda: xp.copyto(qh, a[0].reshape(b, s, heads, h).transpose(0, 2, 1, 3))]
         for i, (new, old, dest) in enumerate(((a[1], given_array(a, 6), kh), (a[2], given_array(a, 7), vh))):
@@ -694,7 +715,7 @@ def plan_transpose(dev, node, ins, attrs):
     x = ins[0]
     perm = attrs.get("perm") or list(reversed(range(len(x.shape))))
     out = Spec(tuple(x.shape[p] for p in perm), x.dtype)
-    return Planned([out], lambda a, o, s: [lambda: _xp_of(o[0]).copyto(o[0], a[0].transpose(perm))])
+    return Planned([out], lambda a, o, s: [lambda: array_module(o[0]).copyto(o[0], a[0].transpose(perm))])
 
 
 @planner("", "Concat")
@@ -707,7 +728,7 @@ def plan_concat(dev, node, ins, attrs):
     offsets = np.cumsum([0] + [v.shape[axis] for v in ins])
 
     def bind(a, o, s):
-        xp, launches = _xp_of(o[0]), []
+        xp, launches = array_module(o[0]), []
         for lo, hi, part in zip(offsets[:-1], offsets[1:], a):
             index = [slice(None)] * len(shape)
             index[axis] = slice(int(lo), int(hi))
@@ -740,7 +761,7 @@ def plan_split(dev, node, ins, attrs):
         outs.append(Spec(tuple(shape), x.dtype))
 
     def bind(a, o, s):
-        xp, launches = _xp_of(a[0]), []
+        xp, launches = array_module(a[0]), []
         for lo, hi, dest in zip(offsets[:-1], offsets[1:], o):
             index = [slice(None)] * len(x.shape)
             index[axis] = slice(int(lo), int(hi))
@@ -763,7 +784,7 @@ def plan_slice(dev, node, ins, attrs):
         index[axis % len(x.shape)] = _slice(start, end, step, x.shape[axis % len(x.shape)])
     shape = np.broadcast_to(np.empty((), np.bool_), x.shape)[tuple(index)].shape  # no memory
     return Planned([Spec(tuple(shape), x.dtype)],
-                   lambda a, o, s: [lambda: _xp_of(o[0]).copyto(o[0], a[0][tuple(index)])])
+                   lambda a, o, s: [lambda: array_module(o[0]).copyto(o[0], a[0][tuple(index)])])
 
 
 def _slice(start, end, step, dim) -> slice:
@@ -783,7 +804,7 @@ def plan_cast(dev, node, ins, attrs):
     if target not in DEVICE_DTYPES:
         return f"Cast to {target} stays on the host"
     return Planned([Spec(ins[0].shape, target)],
-                   lambda a, o, s: [lambda: _xp_of(o[0]).copyto(o[0], a[0], casting="unsafe")])
+                   lambda a, o, s: [lambda: array_module(o[0]).copyto(o[0], a[0], casting="unsafe")])
 
 
 @planner("", "Expand")
@@ -792,7 +813,7 @@ def plan_expand(dev, node, ins, attrs):
     if _is_spec(shape):
         return "Expand: the shape must be known when the plan is built"
     target = tuple(np.broadcast_shapes(tuple(x.shape), tuple(_ints(shape))))
-    return Planned([Spec(target, x.dtype)], lambda a, o, s: [lambda: _xp_of(o[0]).copyto(o[0], a[0])])
+    return Planned([Spec(target, x.dtype)], lambda a, o, s: [lambda: array_module(o[0]).copyto(o[0], a[0])])
 
 
 @planner("", "Gather")
@@ -809,7 +830,7 @@ def plan_gather(dev, node, ins, attrs):
     fixed = None if _is_spec(indices) else dev.to_device(np.ascontiguousarray(indices))
 
     def bind(a, o, s):
-        xp, idx = _xp_of(o[0]), a[1] if fixed is None else fixed
+        xp, idx = array_module(o[0]), a[1] if fixed is None else fixed
         # cupy.take wraps indices; numpy's default mode buffers `out` (an allocation)
         wrap = {"mode": "wrap"} if xp is np else {}
         return [lambda: xp.take(a[0], idx, axis=axis, out=o[0], **wrap)]
@@ -825,7 +846,7 @@ def plan_where(dev, node, ins, attrs):
     shape = tuple(np.broadcast_shapes(cond.shape, a_.shape, b_.shape))
 
     def bind(a, o, s):
-        xp = _xp_of(o[0])
+        xp = array_module(o[0])
         return [lambda: xp.copyto(o[0], a[2]), lambda: xp.copyto(o[0], a[1], where=a[0])]
 
     return Planned([Spec(shape, a_.dtype)], bind)

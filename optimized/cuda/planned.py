@@ -20,7 +20,17 @@ from reference.registry import canonical_domain
 
 from ..plan import ABSENT
 from .fusion import FUSED_DOMAIN, FUSED_OP
-from .launches import PLANNERS, Planned, Spec, View, plan_group, shape_constant
+from .launches import (
+    LAYOUT_AWARE,
+    NHWC,
+    PLANNERS,
+    Planned,
+    Spec,
+    View,
+    array_module,
+    plan_group,
+    shape_constant,
+)
 from .placement import COPY_TO_DEVICE, COPY_TO_HOST, CUDA
 
 ALIGN = 256
@@ -49,9 +59,10 @@ class Ref:
     fixed: object = None
 
     def array(self):
+        """The device array; a channels-last value as stored, (n, h, w, c)."""
         if self.fixed is not None:
             return self.fixed
-        return self.buffer.array.reshape(self.spec.shape)
+        return self.buffer.array.reshape(self.spec.stored_shape)
 
 
 FOREVER = 1 << 40
@@ -69,6 +80,7 @@ class PlannedRun:
                 values[slot] = (Ref(_spec_of(value), fixed=value) if self.device.is_device_array(value)
                                 else value)
         self.bound: list[tuple] = []  # (node, Planned, input refs/constants, output refs, scratch)
+        self._relaid: dict[int, tuple] = {}  # id of a channels-last value -> it, its (n, c, h, w) copy
         for i, step in enumerate(plan.steps):
             self._plan_step(i, step, values, feeds)
         self.outputs: list = []
@@ -113,12 +125,14 @@ class PlannedRun:
             return
         ins = [self._on_device(v) if k not in host_inputs and isinstance(v, np.ndarray) else v
                for k, v in enumerate(ins)]
+        if (canonical_domain(node.domain), node.op_type) not in LAYOUT_AWARE:
+            ins = [self._channels_first(v, i, node) for v in ins]
         for k, v in enumerate(ins):
             if isinstance(v, Ref) and k in host_inputs:
                 raise PlanError(node, f"input {k} is read on the host but computed on the device "
                                       f"at run time")
-        specs = [Spec(v.spec.shape, v.spec.dtype, v.fixed is not None) if isinstance(v, Ref) else v
-                 for v in ins]
+        specs = [Spec(v.spec.shape, v.spec.dtype, v.fixed is not None, v.spec.layout)
+                 if isinstance(v, Ref) else v for v in ins]
         if node.domain == FUSED_DOMAIN and node.op_type == FUSED_OP:
             planned = plan_group(self.device, self.plan.placement.groups[node.name], specs)
         else:
@@ -158,6 +172,7 @@ class PlannedRun:
                 values[step.outputs[0]] = self._on_device(source) if isinstance(source, np.ndarray) else source
             return
         if isinstance(source, Ref):
+            source = self._channels_first(source, i, node)
             if source.buffer is not None:
                 source.buffer.last = FOREVER
             values[step.outputs[0]] = source  # read back after the run
@@ -165,6 +180,24 @@ class PlannedRun:
             values[step.outputs[0]] = source
         else:
             raise PlanError(node, f"{name!r} is read on the host before it is made on the device")
+
+    def _channels_first(self, value, i, node):
+        """A channels-last value as (n, c, h, w) for a reader that wants it so: one transposing
+        copy, made once and shared by every such reader."""
+        if not isinstance(value, Ref) or value.spec.layout != NHWC:
+            return value
+        key = id(value)
+        if key not in self._relaid:
+            spec = Spec(value.spec.shape, value.spec.dtype)
+            copy = Ref(spec, self._new_buffer(spec, i, i))
+            value.buffer.last = max(value.buffer.last, i)
+
+            def bind(a, o, s):
+                return [lambda: array_module(o[0]).copyto(o[0], a[0].transpose(0, 3, 1, 2))]
+
+            self.bound.append((node, Planned([spec], bind), [value], [copy], []))
+            self._relaid[key] = (value, copy)  # the value is kept so its id stays its own
+        return self._relaid[key][1]
 
     def _host_inputs(self, node) -> tuple:
         kernel = self.plan._device_kernels.get((canonical_domain(node.domain), node.op_type))
@@ -186,7 +219,7 @@ class PlannedRun:
         return [np.asarray(v) for v in run(*[self.device.to_host(v) for v in ins])]
 
     def _new_buffer(self, spec: Spec, first: int, last: int) -> Buffer:
-        buffer = Buffer(Spec(tuple(int(d) for d in spec.shape), np.dtype(spec.dtype)), first, last)
+        buffer = Buffer(Spec(tuple(int(d) for d in spec.stored_shape), np.dtype(spec.dtype)), first, last)
         self.buffers.append(buffer)
         return buffer
 

@@ -243,3 +243,78 @@ def test_integer_max_pool_pads_with_the_lowest_integer():
         got = plan.run({"x": x})[0]
     assert plan._graphs
     np.testing.assert_array_equal(got, ReferenceEvaluator(m).run(None, {"x": x})[0])
+
+
+# channels-last convolutions (the cuDNN path's layout decisions, through its numpy twin) ------
+def _conv_net():
+    rng = np.random.default_rng(8)
+    ms = "com.microsoft"
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="c2", pads=[1, 1, 1, 1]),
+             helper.make_node("FusedConv", ["c2", "w3", "b3", "c2"], ["c3"], name="c3", domain=ms,
+                              activation="Relu"),
+             helper.make_node("MaxPool", ["c3"], ["pooled"], name="pool", kernel_shape=[2, 2]),
+             helper.make_node("Conv", ["c3", "w4"], ["c4"], name="c4", pads=[0, 0, 1, 1])]
+    inits = {"w1": rand(rng, (4, 3, 3, 3)), "b1": rand(rng, (4,)), "w2": rand(rng, (4, 4, 3, 3)),
+             "w3": rand(rng, (4, 4, 1, 1)), "b3": rand(rng, (4,)), "w4": rand(rng, (6, 4, 2, 2))}
+    x = rand(rng, (2, 3, 7, 5))
+    return model(nodes, {"x": x}, ["pooled", "c3", "c4"], inits, ms=True), x
+
+
+def test_channels_last_convolutions_pass_nhwc_between_them():
+    m, x = _conv_net()
+    dev = FakeDevice(channels_last_conv=True, use_tf32=True)
+    plan = GraphPlan(DevicePlan(m, CPU_KERNELS, ReferenceEvaluator(m, check=False), dev, strict=True),
+                     enable_cuda_graph=True)
+    want = ReferenceEvaluator(m).run(None, {"x": x})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            for g, w in zip(plan.run({"x": x}), want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    assert plan._graphs
+    (planned,) = plan._planned.values()
+    layouts = {node.name: outs[0].spec.layout for node, _, _, outs, _ in planned.bound
+               if node.op_type in ("Conv", "FusedConv")}
+    assert layouts == {"c1": "nhwc", "c2": "nhwc", "c3": "nhwc", "c4": ""}  # c4: asymmetric pads
+    # one (n, c, h, w) copy each for c1 (read by Relu) and c3 (MaxPool and the graph output);
+    # c2 reaches c3 as input and residual without one, c4 copies its input itself
+    copies = [node.name for node, _, ins, _, _ in planned.bound
+              if node.op_type not in ("Conv", "FusedConv")
+              and any(getattr(getattr(v, "spec", None), "layout", "") for v in ins)]
+    assert sorted(copies) == ["pool", "relu"]  # the first reader of each names the copy
+
+
+def test_float32_convolutions_stay_off_tf32_unless_asked():
+    m, x = _conv_net()
+    plan = GraphPlan(DevicePlan(m, CPU_KERNELS, ReferenceEvaluator(m, check=False),
+                                FakeDevice(channels_last_conv=True), strict=True))
+    plan.run({"x": x})
+    (planned,) = plan._planned.values()
+    assert not planned._relaid
+    assert all(not outs[0].spec.layout for _, _, _, outs, _ in planned.bound if outs and outs[0])
+
+
+def test_light_resnet50_keeps_activations_channels_last_between_its_convolutions():
+    import optimized as ort
+    from benchmarks.models import build
+
+    from .test_plan import _without_final_softmax
+
+    m, feeds = build("light_resnet50")
+    sess = ort.InferenceSession(_without_final_softmax(m).SerializeToString())
+    dev = FakeDevice(channels_last_conv=True, use_tf32=True)
+    plan = GraphPlan(DevicePlan(sess.optimized_model, CPU_KERNELS, sess._evaluator, dev, strict=True),
+                     enable_cuda_graph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = [plan.run(feeds)[0] for _ in range(2)]
+    want = sess.run(None, feeds)[0]
+    for g in got:
+        np.testing.assert_allclose(g, want, rtol=1e-4)
+    (planned,) = plan._planned.values()
+    copies = [node.op_type for node, _, ins, _, _ in planned.bound
+              if node.op_type not in ("Conv", "FusedConv")
+              and any(getattr(getattr(v, "spec", None), "layout", "") for v in ins)]
+    assert copies == ["MaxPool", "AveragePool"]  # 53 convolutions, two layout changes
