@@ -207,8 +207,22 @@ def test_check_mode_is_silent_without_a_fault(name, level):
     session(model, level).run(None, feeds)  # raises NodeCheckError at the first node past its bound
 
 
+# Beyond the suite: where 1e-4 in one element is within what rounding may do. A dot product of
+# K = 768 (BERT's hidden size) or 2048 with terms of one sign may be off by gamma(K) * sum |a b|,
+# which there exceeds 1e-4 of the result; the table shows how much of the bound the fault used.
+LIMITS = [
+    Fault("GEMM (MatMul, K=768, bert_layer)", "MatMul", benchmark("bert_layer"), 0, nth=1),
+    Fault("GEMM (Gemm, K=2048, light_resnet50's uniform weights)", "Gemm",
+          light("light_resnet50"), 0, nth=1),
+]
+
+
 def table() -> str:
-    """fault | op | node | caught | share of the bound used."""
+    """fault | op | node | caught | share of the bound used | worst element."""
+    import pathlib
+    import tempfile
+
+    from optimized import check
 
     class Patch:
         def __init__(self):
@@ -225,26 +239,36 @@ def table() -> str:
                 else:
                     mapping[key] = old
 
-    import pathlib
-    import tempfile
+    judged = {}
+    plain = check.check_node
 
+    def keep(node, *args):
+        judged[node.name] = plain(node, *args)
+        return judged[node.name]
+
+    check.check_node = keep
     rows = ["| fault | op | node | caught | share of the bound used | worst element |",
             "|---|---|---|---|---|---|"]
-    for fault in FAULTS:
-        fault.planted_at.clear()
-        patch = Patch()
-        try:
-            error = run_planted(fault, patch, pathlib.Path(tempfile.mkdtemp()))
-            worst = error.judgement.worst
-            caught = error.node.name == fault.planted_at[0]
-            share = "exact op: any difference" if worst.policy == "exact" else f"{worst.used:.0%}"
-            rows.append(f"| {fault.name} | {fault.op} | {error.node.name} | "
-                        f"{'yes' if caught else 'at another node'} | {share} | "
-                        f"{list(worst.index) if worst.index else worst.detail} |")
-        except BaseException as e:  # noqa: BLE001 - a fault not caught is a row of the table
-            rows.append(f"| {fault.name} | {fault.op} | {fault.planted_at} | no | - | {e} |")
-        finally:
-            patch.restore()
+    try:
+        for fault in FAULTS + LIMITS:
+            fault.planted_at.clear()
+            judged.clear()
+            patch = Patch()
+            try:
+                error = run_planted(fault, patch, pathlib.Path(tempfile.mkdtemp()))
+                caught = "yes" if error.node.name == fault.planted_at[0] else "at another node"
+            except BaseException:  # noqa: BLE001 - a fault not caught is a row of the table
+                caught = "no"
+            finally:
+                patch.restore()
+            at = fault.planted_at[0] if fault.planted_at else "-"
+            worst = judged[at].worst if at in judged else None
+            share = ("-" if worst is None else "exact op: any difference"
+                     if worst.policy == "exact" else f"{worst.used:.0%}")
+            where = list(worst.index) if worst is not None and worst.index else ""
+            rows.append(f"| {fault.name} | {fault.op} | {at} | {caught} | {share} | {where} |")
+    finally:
+        check.check_node = plain
     return "\n".join(rows)
 
 
