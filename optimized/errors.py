@@ -31,7 +31,7 @@ class InvalidArgument(InvalidFeedError):
     """A feed, output name, option or bound value is wrong (onnxruntime: INVALID_ARGUMENT)."""
 
 
-class NoSuchFile(InvalidModelError, FileNotFoundError):
+class NoSuchFile(FileNotFoundError):
     """The model file does not exist (onnxruntime: NO_SUCHFILE)."""
 
 
@@ -80,10 +80,10 @@ def load_error(error: Exception) -> Exception:
     if isinstance(error, (FileNotFoundError,)) and not isinstance(error, NoSuchFile):
         return NoSuchFile(str(error))
     if isinstance(error, InvalidModelError) and not isinstance(
-            error, (InvalidGraph, InvalidProtobuf, NoSuchFile, NoModel)):
+            error, (InvalidGraph, InvalidProtobuf, NoModel)):
         text = str(error)
-        if text.startswith(("cannot parse model", "cannot load model")):
-            return InvalidProtobuf(text)
+        if text.startswith("cannot parse") or text.endswith(("is empty (0 bytes)", "not an ONNX model file")):
+            return InvalidProtobuf(text)  # reference.loading's messages for what does not parse
         return InvalidGraph(text)
     return error
 
