@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import ml_dtypes
 import numpy as np
 
+from . import bounds
 from .dtypes import is_float
 from .values import EMPTY, describe
 
@@ -245,8 +246,6 @@ def check_node(node, opset: int, inputs: list, actual: list, reference_fn) -> Ju
     `reference_fn(*inputs)` runs the reference op (attributes bound). It is run once on the
     inputs as given (structure, dtypes, NaN/Inf, exact ops) and, where a float output is not
     equal, once more on float64 inputs for the truth."""
-    from . import bounds
-
     expected = list(reference_fn(*inputs))
     rule = bounds.rule_for(node)
     truth_cache: list = []
@@ -274,8 +273,6 @@ def judge(node, opset: int, inputs: list, actual: list, truth: list, *, expected
     """Judge `actual` against a given float64 `truth` (one value per declared output).
     `expected` (the reference op in the inputs' own types) defaults to the truth rounded to
     each actual's type; `truth_dtype` says how precisely the truth was computed (float64)."""
-    from . import bounds
-
     rule = bounds.rule_for(node)
     expected = expected if expected is not None else [
         narrow_like(t, a) for t, a in zip(truth, actual)]
@@ -353,8 +350,6 @@ def _exact_verdict(name, expected, actual) -> OutputVerdict:
 
 
 def _bound_verdict(node, opset, rule, name, inputs, actual, expected, truth, truth_dtype):
-    from . import bounds
-
     a, e = _wide(actual), _wide(expected)
     t = np.broadcast_to(np.asarray(truth, np.float64), a.shape) if truth is not None else e
     # Inf and NaN: where the op in the kernel's own type gives one, the kernel must give the
