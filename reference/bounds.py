@@ -267,7 +267,10 @@ def softmax_error(x, p, axes, u, exp_ulps=4):
     its exp a relative u |x_i - m| more than exp's own ulps; the denominator carries the
     p-weighted mean of those plus gamma(N) of its sum; one division."""
     m = np.max(x, axis=axes, keepdims=True)
-    d = np.abs(x - m)
+    with np.errstate(invalid="ignore"):
+        d = np.abs(x - m)
+    # an element at -inf (a masked position) has p = 0 exactly and adds no error anywhere
+    d = np.where(p > 0, d, 0.0)
     n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
     weighted = np.sum(p * d, axis=axes, keepdims=True)
     relative = u * (d + weighted) + (2 * exp_ulps + 2) * u + gamma(n, u)
@@ -380,9 +383,11 @@ def _reduce_log_sum_exp_bound(inputs, y, attrs, opset, u):
     axes = _reduce_axes(x, inputs, attrs, opset)
     n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
     m = np.max(x, axis=axes, keepdims=True)
-    e = np.exp(x - m)
-    p = e / np.sum(e, axis=axes, keepdims=True)
-    relative = np.sum(p * u * np.abs(x - m), axis=axes, keepdims=True) + 6 * u + gamma(n, u)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - m)
+        p = e / np.sum(e, axis=axes, keepdims=True)
+        d = np.where(p > 0, np.abs(x - m), 0.0)
+    relative = np.sum(p * u * d, axis=axes, keepdims=True) + 6 * u + gamma(n, u)
     bound = relative + u * np.abs(m) + 4 * u * np.abs(np.log(np.sum(e, axis=axes, keepdims=True)))
     if not attrs.get("keepdims", 1):
         bound = np.squeeze(bound, axis=axes)

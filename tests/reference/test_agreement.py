@@ -336,3 +336,15 @@ def test_reference_and_optimized_import_nothing_from_conformance():
                 offenders += [f"{path.relative_to(root)}: {n}" for n in names
                               if n.split(".")[0] == "conformance"]
     assert offenders == []
+
+
+def test_softmax_over_masked_positions_has_a_finite_bound():
+    # a causal mask: -inf where a query may not look; those positions are exactly 0
+    x = np.array([[0.7, -np.inf, -np.inf], [0.6, 0.7, -np.inf]], np.float32)
+    y = reference("Softmax", 13, axis=-1)(x)[0]
+    off = y.copy()
+    off[1, 0] = np.nextafter(off[1, 0], np.float32(1))  # one ulp: within the bound
+    j = judged("Softmax", [x], [off], opset=13, axis=-1)
+    assert j.ok and np.isfinite(j.outputs[0].allowed) and j.outputs[0].index == (1, 0)
+    off[1, 0] *= np.float32(1 + 1e-4)
+    assert not judged("Softmax", [x], [off], opset=13, axis=-1).ok
