@@ -351,7 +351,8 @@ def _exact_verdict(name, expected, actual) -> OutputVerdict:
 
 def _bound_verdict(node, opset, rule, name, inputs, actual, expected, truth, truth_dtype):
     a, e = _wide(actual), _wide(expected)
-    t = np.broadcast_to(np.asarray(truth, np.float64), a.shape) if truth is not None else e
+    exact_enough = isinstance(truth, np.ndarray) and truth.shape == a.shape
+    t = truth.astype(np.float64) if exact_enough else e
     # Inf and NaN: where the op in the kernel's own type gives one, the kernel must give the
     # same (NaN equal to NaN); where it gives a finite value, so must the kernel.
     special = ~np.isfinite(e) | ~np.isfinite(a)
@@ -375,9 +376,10 @@ def _bound_verdict(node, opset, rule, name, inputs, actual, expected, truth, tru
         verdict.detail = (verdict.detail or "within the corpus tolerance") + \
             f" (the {node.op_type} bound does not cover this case: {why}; judged by the corpus policy)"
         return verdict
-    truth_dt = np.dtype(truth_dtype) if truth_dtype is not None else np.dtype(np.float64)
+    # the type the truth was computed in: the reference op's own when no float64 truth came
+    truth_dt = np.dtype(truth_dtype or np.float64) if exact_enough else np.dtype(expected.dtype)
     truth_acc = rule.truth_dtype(attrs) or truth_dt
-    if truth_dt != np.float64 or truth_acc != np.float64:
+    if truth_dt != np.float64 or truth_acc != np.float64 or acc == np.float64:
         # the truth itself carries the error of the type it was computed in
         u_truth = unit_roundoff(truth_acc if truth_dt == np.float64 else accumulation_dtype(truth_dt))
         allowed = allowed + rule.allowed(wide_inputs, t, attrs, opset, u_truth) \
