@@ -392,7 +392,7 @@ def plan_conv(dev, node, ins, attrs):
     return Planned([y], bind, scratch)
 
 
-def _plan_pool(node, ins, attrs, split=False):
+def _plan_pool(ins, attrs, split=False):
     x = ins[0]
     if not _is_spec(x) or len(x.shape) != 4:
         return None
@@ -406,7 +406,7 @@ def plan_max_pool(dev, node, ins, attrs):
         return "MaxPool with its Indices output is not planned"
     if attrs.get("storage_order"):
         return "MaxPool storage_order is not planned"
-    geometry = _plan_pool(node, ins, attrs)
+    geometry = _plan_pool(ins, attrs)
     if geometry is None:
         return "MaxPool: only 2-D pooling of a device tensor is planned"
     kernel, strides, dilations, begin, end, out = geometry
@@ -429,7 +429,7 @@ def plan_max_pool(dev, node, ins, attrs):
 
 @planner("", "AveragePool")
 def plan_average_pool(dev, node, ins, attrs):
-    geometry = _plan_pool(node, ins, attrs, split=True)
+    geometry = _plan_pool(ins, attrs, split=True)
     if geometry is None:
         return "AveragePool: only 2-D pooling of a device tensor is planned"
     kernel, strides, dilations, begin, declared_end, extra, out = geometry
@@ -638,7 +638,7 @@ def plan_attention(dev, node, ins, attrs):
         xp = array_module(o[0])
         qh, kh, vh, bias32, out32 = sc
         launches = [lambda: xp.copyto(qh, a[0].reshape(b, s, heads, h).transpose(0, 2, 1, 3))]
-        for i, (new, old, dest) in enumerate(((a[1], given_array(a, 6), kh), (a[2], given_array(a, 7), vh))):
+        for i, (new, old, dest) in enumerate(((a[1], _input(a, 6), kh), (a[2], _input(a, 7), vh))):
             if old is not None:
                 launches.append(lambda d=dest, p=old: xp.copyto(d[:, :, :past], p))
             launches.append(lambda d=dest, x=new: xp.copyto(
@@ -655,7 +655,7 @@ def plan_attention(dev, node, ins, attrs):
     return Planned(outputs, bind, f32)
 
 
-def given_array(arrays, i):
+def _input(arrays, i):
     return arrays[i] if i < len(arrays) else None
 
 
@@ -852,6 +852,6 @@ def plan_where(dev, node, ins, attrs):
     return Planned([Spec(shape, a_.dtype)], bind)
 
 
-def shape_constant(node, spec: Spec, attrs) -> np.ndarray:
+def shape_constant(spec: Spec, attrs) -> np.ndarray:
     """Shape's output for an input of a known shape: a plan-time constant."""
     return np.array(spec.shape[attrs.get("start", 0):attrs.get("end")], np.int64)

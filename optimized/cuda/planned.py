@@ -115,10 +115,11 @@ class PlannedRun:
             raise PlanError(node, "runs on the host (no device kernel for it)")
         host_inputs = self._host_inputs(node)
         if node.op_type == "Shape" and isinstance(ins[0], Ref):
-            values[step.outputs[0]] = shape_constant(node, ins[0].spec, self._attrs(node))
+            values[step.outputs[0]] = shape_constant(ins[0].spec, self._attrs(node))
             return
-        if all(v is None or not isinstance(v, Ref) for v in ins):  # shapes and constants only
-            outputs = self._on_host_now(step, ins)
+        if all(v is None or not isinstance(v, Ref) or v.fixed is not None for v in ins):
+            # constants only (initializers, shapes): the node's value is known now
+            outputs = self._on_host_now(step, [v.fixed if isinstance(v, Ref) else v for v in ins])
             for s, v in zip(step.outputs, outputs):
                 if s != ABSENT:
                     values[s] = v

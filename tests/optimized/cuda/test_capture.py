@@ -318,3 +318,26 @@ def test_light_resnet50_keeps_activations_channels_last_between_its_convolutions
               if node.op_type not in ("Conv", "FusedConv")
               and any(getattr(getattr(v, "spec", None), "layout", "") for v in ins)]
     assert copies == ["MaxPool", "AveragePool"]  # 53 convolutions, two layout changes
+
+
+def test_shape_computations_are_worked_out_when_planned():
+    """Shape -> Slice -> Concat -> Reshape: the target shape is a plan-time constant."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "zero", "one"], ["first"]),
+             helper.make_node("Concat", ["first", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["flat"]),
+             helper.make_node("Relu", ["flat"], ["y"])]
+    i64 = np.int64
+    inits = {"zero": np.array([0], i64), "one": np.array([1], i64), "minus_one": np.array([-1], i64)}
+    x = np.random.default_rng(9).standard_normal((2, 3, 4)).astype(np.float32)
+    m = model(nodes, {"x": x}, ["y", "target"], inits)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    plan = _graph_plan(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for rows in (2, 5, 5):
+            feed = np.random.default_rng(rows).standard_normal((rows, 3, 4)).astype(np.float32)
+            y, target = plan.run({"x": feed})
+            np.testing.assert_array_equal(y, np.maximum(feed.reshape(rows, 12), 0))
+            np.testing.assert_array_equal(target, [rows, -1])
+    assert len(plan._graphs) == 2
