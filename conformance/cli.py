@@ -348,8 +348,16 @@ def cmd_fuzz(args) -> int:
             results = campaign(args.examples, args.seed, args.jobs, args.out,
                                onnxruntime=not args.no_onnxruntime, on_result=advance)
     else:
+        step = max(1, args.examples // 10)
+
+        def log(result):
+            before = counts["examples"]
+            record(result)
+            if counts["examples"] // step > before // step or counts["examples"] >= args.examples:
+                console.print(f"{counts['examples']}/{args.examples} graphs run")
+
         results = campaign(args.examples, args.seed, args.jobs, args.out,
-                           onnxruntime=not args.no_onnxruntime, on_result=record)
+                           onnxruntime=not args.no_onnxruntime, on_result=log)
     elapsed = time.perf_counter() - start
     bad = [r for r in results if r.outcome != "ok"]
     table = Table(title="fuzz campaign")
