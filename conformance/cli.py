@@ -84,7 +84,7 @@ def cmd_corpus(args) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from .corpus import forget_mismatch, is_cached, open_corpus, verify_cached
+    from .corpus import forget_mismatch, is_cached, open_corpus, recorded_mismatch, verify_cached
 
     console = _console()
     cache = Cache(args.cache_dir)
@@ -99,8 +99,11 @@ def cmd_corpus(args) -> int:
         download = _Download(console)
         try:
             if args.action == "list" and not is_cached(pin, cache):
-                table.add_row(str(pin.opset), pin.onnx, source, "not cached",
+                mismatch = pin.generated and recorded_mismatch(pin, cache)
+                table.add_row(str(pin.opset), pin.onnx, source,
+                              "[red]mismatch[/red]" if mismatch else "not cached",
                               str(pin.node_tests), "", "")
+                failed = failed or bool(mismatch)
                 continue
             if args.action == "verify":
                 verify_cached(pin, cache)  # re-hashes what is cached; fetches nothing

@@ -483,14 +483,22 @@ def _environment_key() -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _raise_recorded_mismatch(pin: Pin, cache: Cache) -> None:
+def recorded_mismatch(pin: Pin, cache: Cache) -> str | None:
+    """The message of a mismatch recorded for this pin data and environment, if any."""
     try:
         record = json.loads(cache.mismatch_record(pin).read_text())
     except (OSError, ValueError):
-        return
+        return None
     if (record.get("values_sha256") == pin.values_sha256
             and record.get("environment") == _environment_key()):
-        raise PinMismatch(f"{record['message']}\n(recorded at an earlier run)")
+        return f"{record['message']}\n(recorded at an earlier run)"
+    return None
+
+
+def _raise_recorded_mismatch(pin: Pin, cache: Cache) -> None:
+    message = recorded_mismatch(pin, cache)
+    if message:
+        raise PinMismatch(message)
 
 
 def forget_mismatch(pin: Pin, cache: Cache) -> None:

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from conformance.cli import main
-from conformance.corpus import forget_mismatch, generate_corpus, open_corpus, verify_cached
+from conformance.corpus import (
+    forget_mismatch,
+    generate_corpus,
+    open_corpus,
+    recorded_mismatch,
+    verify_cached,
+)
 from conformance.generate import MANIFEST, NODE_DIR
 from conformance.pins import (
     Cache,
@@ -146,8 +152,9 @@ def test_generated_pin_verifies_once_then_opens_offline(tmp_path, generated):
     assert verify_cached(pins[28], cache) == "ok"
 
 
-def test_generated_mismatch_names_the_file_keeps_it_and_is_not_retried(tmp_path, generated):
-    pins, fake, _ = generated
+def test_generated_mismatch_names_the_file_keeps_it_and_is_not_retried(tmp_path, generated,
+                                                                       monkeypatch, capsys):
+    pins, fake, pins_file = generated
     fake.tampered = True
     cache = Cache(tmp_path / "cache")
     with pytest.raises(PinMismatch) as info:
@@ -164,6 +171,10 @@ def test_generated_mismatch_names_the_file_keeps_it_and_is_not_retried(tmp_path,
     with pytest.raises(PinMismatch, match="recorded at an earlier run"):
         open_corpus(pins[28], cache)
     assert fake.calls == 1  # not generated again on every command
+    assert "mismatch" in recorded_mismatch(pins[28], cache)
+    monkeypatch.setattr("conformance.cli.load_pins", lambda: load_pins(pins_file))
+    assert main(["corpus", "list", "--opset", "28", "--cache-dir", str(cache.root)]) == 1
+    assert "│ mismatch" in capsys.readouterr().out and fake.calls == 1
     fake.tampered = False
     forget_mismatch(pins[28], cache)  # what `corpus fetch` does
     assert open_corpus(pins[28], cache).node_count == 2 and fake.calls == 2
