@@ -458,6 +458,7 @@ def _same_nonfinite_and_close(actual, expected, what):
     np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5, atol=1e-6, err_msg=what)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy warns on inf - inf; that is the point
 @pytest.mark.parametrize("kind", sorted(NAN_INF_FEEDS))
 @pytest.mark.parametrize("backend", ["reference", *[f"optimized:{lv}" for lv in LEVELS]])
 def test_nan_and_inf_inputs_run_and_propagate(kind, backend):

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -110,3 +111,23 @@ def test_cli_campaign_over_workers_exits_1_on_a_planted_fault(tmp_path, monkeypa
     assert "mismatch" in printed and "optimized level 99" in printed
     saved = [p for p in os.listdir(out) if not p.startswith(".")]
     assert saved and all((out / p / "model.onnx").is_file() for p in saved)
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_dies_keeps_the_graph_it_was_running(tmp_path, monkeypatch):
+    """A kernel that kills its process (a segfault, say) ends one batch as a crash, and the
+    graph it was running is saved as a regression; the other batches still run."""
+    def die(model_bytes, feeds, level):
+        if level == 99 and any(n.op_type == "Conv" for n in onnx.load_from_string(model_bytes).graph.node):
+            os._exit(3)
+        return real(model_bytes, feeds, level)
+
+    real = fuzz.run_optimized
+    monkeypatch.setattr(fuzz, "run_optimized", die)  # forked workers inherit the patch
+    results = fuzz.campaign(60, seed=5, jobs=2, out_dir=str(tmp_path), onnxruntime=False)
+    crashed = [r for r in results if r.outcome == "crash"]
+    assert crashed and all("exit code 3" in r.problems[0] for r in crashed)
+    for r in crashed:
+        case, _ = fuzz.load_case(r.saved)
+        assert any(n.op_type == "Conv" for n in case.model.graph.node)
+    assert not (tmp_path / ".running").exists()
