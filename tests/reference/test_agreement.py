@@ -348,3 +348,41 @@ def test_softmax_over_masked_positions_has_a_finite_bound():
     assert j.ok and np.isfinite(j.outputs[0].allowed) and j.outputs[0].index == (1, 0)
     off[1, 0] *= np.float32(1 + 1e-4)
     assert not judged("Softmax", [x], [off], opset=13, axis=-1).ok
+
+
+def gam(n):
+    return n * U32 / (1 - n * U32)
+
+
+PHI_M3 = 0.5 * math.erfc(3 / math.sqrt(2))  # Phi(-3)
+# op, inputs, attrs, opset, domain, exact value, allowed error before the output's rounding
+HAND_WORKED = [
+    ("Div", [1.0, 3.0], {}, 13, "", 1 / 3, U32 / 3),
+    ("Sigmoid", [0.0], {}, 13, "", 0.5, 4 * U32 * 0.5),
+    ("Gelu", [-3.0], {}, 20, "", -3 * PHI_M3, 6 * U32 * (3 * PHI_M3 + 1.5)),
+    ("LeakyRelu", [-2.0], {"alpha": 0.1}, 13, "", -2.0 * np.float32(0.1), 0.0),
+    ("Sum", [1.0, 2.0, -3.0], {}, 13, "", 0.0, gam(2) * 6),
+    ("Mean", [1.0, 2.0, -3.0], {}, 13, "", 0.0, gam(3) * 2),
+    ("FusedMatMul", [[[1.0, 2.0]], [[3.0], [-4.0]]], {"alpha": 2.0}, 1, "com.microsoft", -10.0,
+     gam(3) * 22),
+    ("GlobalAveragePool", [[[[[1.0, -3.0], [2.0, 4.0]]]]], {}, 13, "", 1.0, gam(4) * 2.5),
+    ("ReduceSumSquare", [[[1.0, 2.0]]], {"axes": [1]}, 13, "", 5.0, gam(2) * 5),
+    ("ReduceL2", [[[3.0, 4.0]]], {"axes": [1]}, 13, "", 5.0, (0.5 * gam(2) + U32) * 5),
+    ("ReduceProd", [[[2.0, 3.0, 4.0]]], {"axes": [1]}, 13, "", 24.0, gam(2) * 24),
+    ("ReduceLogSum", [[[1.0, 3.0]]], {"axes": [1]}, 13, "", math.log(4), gam(1) + 4 * U32 * math.log(4)),
+    ("ReduceLogSumExp", [[[0.0, 0.0]]], {"axes": [1]}, 13, "", math.log(2),
+     6 * U32 + gam(2) + 4 * U32 * math.log(2) + U32 * math.log(2)),
+]
+
+
+@pytest.mark.parametrize("op, inputs, attrs, opset, domain, exact, allowed", HAND_WORKED,
+                         ids=[c[0] for c in HAND_WORKED])
+def test_each_bound_by_hand(op, inputs, attrs, opset, domain, exact, allowed):
+    arrays = [np.array(v, np.float32) for v in inputs]
+    n = node(op, len(arrays), 1, domain, **attrs)
+    shape = reference(op, opset, domain, **attrs)(*arrays)[0].shape
+    truth = np.full(shape, exact, np.float64)
+    one_ulp = np.asarray(np.nextafter(truth.astype(np.float32), np.float32(np.inf)))  # not equal
+    verdict = judge(n, opset, arrays, [one_ulp], [truth]).outputs[0]
+    output_rounding = U32 * abs(exact) + 2 * 2.0**-149
+    assert verdict.allowed == pytest.approx(allowed + output_rounding, rel=1e-9, abs=1e-45)
