@@ -38,8 +38,9 @@ import multiprocessing
 import os
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Self
 
 # long enough for building light_vgg19 twice on a busy 2-core machine
 START_TIMEOUT = 600.0
@@ -110,7 +111,7 @@ def serve(connection, spec: WorkerSpec) -> None:
             raise TypeError(f"factory {spec.factory} returned {type(workload).__name__}, "
                             "not a Workload")
         connection.send(("ok", dict(workload.info)))
-    except BaseException:
+    except Exception:  # noqa: BLE001 - any failure goes back to the parent, named
         connection.send(("error", traceback.format_exc()))
         return
     while True:
@@ -122,7 +123,7 @@ def serve(connection, spec: WorkerSpec) -> None:
             return
         try:
             connection.send(("ok", answer(request, workload)))
-        except BaseException:
+        except Exception:  # noqa: BLE001 - any failure goes back to the parent, named
             connection.send(("error", traceback.format_exc()))
 
 
@@ -184,7 +185,7 @@ class IsolatedPair:
         self.workers: dict[str, Worker] = {}
         self.history: list[str] = []  # runtime of every timed round, in the order run
 
-    def __enter__(self) -> "IsolatedPair":
+    def __enter__(self) -> Self:
         context = multiprocessing.get_context("spawn")
         try:
             for spec in self.specs:

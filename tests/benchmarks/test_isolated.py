@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from benchmarks.isolated import IsolatedPair, Workload, WorkerError, WorkerSpec
+from benchmarks.isolated import IsolatedPair, WorkerError, WorkerSpec, Workload
 
 HERE = __name__
 
@@ -95,18 +95,18 @@ def test_a_failing_step_surfaces_its_message_and_the_worker_keeps_serving():
 
 
 def test_a_worker_that_dies_is_reported_with_its_exit_code():
-    with IsolatedPair([spec("dies", "dying_step", 3)]) as pair:
-        with pytest.raises(WorkerError, match=r"'dies' died .*exit code 3"):
-            pair.round("dies")
+    with (IsolatedPair([spec("dies", "dying_step", 3)]) as pair,
+          pytest.raises(WorkerError, match=r"'dies' died .*exit code 3")):
+        pair.round("dies")
 
 
 def test_bad_specs_are_named():
-    with pytest.raises(WorkerError, match="returned str, not a Workload"):
-        with IsolatedPair([spec("x", "not_a_workload", "unused")]):
-            pass
-    with pytest.raises(WorkerError, match="is not 'package.module:function'"):
-        with IsolatedPair([WorkerSpec("x", "no_colon_here")]):
-            pass
+    with (pytest.raises(WorkerError, match="returned str, not a Workload"),
+          IsolatedPair([spec("x", "not_a_workload", "unused")])):
+        pass
+    with (pytest.raises(WorkerError, match="is not 'package.module:function'"),
+          IsolatedPair([WorkerSpec("x", "no_colon_here")])):
+        pass
     with pytest.raises(ValueError, match="distinct"):
         IsolatedPair([spec("same"), spec("same")])
     with IsolatedPair([spec("one")]) as pair:
