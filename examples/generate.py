@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ holds the builders
-from benchmarks.decoders import SIZES, build_llama  # noqa: E402
+from benchmarks.decoders import SIZES, build_llama
 
 
 def generate(session, prompt: list[int], max_new_tokens: int) -> list[int]:
