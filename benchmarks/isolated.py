@@ -172,24 +172,56 @@ class Worker:
         self.connection.close()
 
 
+class InProcessWorker:
+    """A workload built and run in this process, answering as a Worker does; for measuring
+    what sharing one process costs, never the default."""
+
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        try:
+            self.workload = resolve(spec.factory)(*spec.args, **spec.kwargs)
+        except Exception as e:
+            raise WorkerError(f"in-process {spec.name!r} failed while building its workload:\n"
+                              f"{traceback.format_exc()}") from e
+        if not isinstance(self.workload, Workload):
+            raise WorkerError(f"factory {spec.factory} returned "
+                              f"{type(self.workload).__name__}, not a Workload")
+        self.info = dict(self.workload.info)
+
+    def request(self, message: tuple, doing: str, timeout: float = REQUEST_TIMEOUT) -> Any:
+        try:
+            return answer(message, self.workload)
+        except Exception as e:
+            raise WorkerError(f"in-process {self.spec.name!r} failed while {doing}:\n"
+                              f"{traceback.format_exc()}") from e
+
+    def stop(self) -> None:
+        self.workload = None
+
+
 class IsolatedPair:
     """Workers for every spec (two or more), started one after another so that their build
-    times are not measured against each other; stopped on exit."""
+    times are not measured against each other; stopped on exit. With in_process=True every
+    workload is built in this process instead (spec.env is then not applied), so that the
+    same rounds measure runtimes sharing one process."""
 
-    def __init__(self, specs: Sequence[WorkerSpec], settle_seconds: float = SETTLE_SECONDS):
+    def __init__(self, specs: Sequence[WorkerSpec], settle_seconds: float = SETTLE_SECONDS,
+                 in_process: bool = False):
         names = [s.name for s in specs]
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"worker names must be distinct and at least one: {names}")
         self.specs = list(specs)
         self.settle_seconds = settle_seconds
-        self.workers: dict[str, Worker] = {}
+        self.in_process = in_process
+        self.workers: dict[str, Worker | InProcessWorker] = {}
         self.history: list[str] = []  # runtime of every timed round, in the order run
 
     def __enter__(self) -> Self:
         context = multiprocessing.get_context("spawn")
         try:
             for spec in self.specs:
-                self.workers[spec.name] = Worker(spec, context)
+                self.workers[spec.name] = (InProcessWorker(spec) if self.in_process
+                                           else Worker(spec, context))
         except BaseException:
             self.close()
             raise
@@ -207,7 +239,7 @@ class IsolatedPair:
     def names(self) -> list[str]:
         return [s.name for s in self.specs]
 
-    def worker(self, name: str) -> Worker:
+    def worker(self, name: str) -> Worker | InProcessWorker:
         if name not in self.workers:
             raise KeyError(f"no running worker {name!r}; running: {sorted(self.workers)}")
         return self.workers[name]

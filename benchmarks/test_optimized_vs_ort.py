@@ -1,9 +1,29 @@
-"""optimized.InferenceSession against onnxruntime.InferenceSession, model by model.
+"""optimized.InferenceSession against onnxruntime.InferenceSession, each in its own process.
 
-For each model of benchmarks/models.py and each thread count in THREADS, one benchmark group
-`<model>-t<threads>` holds two benchmarks: `test_optimized` (level 99, i.e. ORT_ENABLE_ALL) and
-`test_onnxruntime` (ORT_ENABLE_ALL, sequential execution, inter_op_num_threads 1). Both get the
-same feeds and the same intra_op_num_threads; only `run` is timed, after the session is built.
+For each model of benchmarks/models.py and each thread count in THREADS, one benchmark
+`test_optimized_vs_onnxruntime[<model>-t<threads>]` (group `<model>-t<threads>`). Every runtime
+runs in its own spawned worker process (benchmarks/isolated.py), which builds the model, creates
+its session from the serialized bytes (timing the creation, see benchmarks/sessions.py) and
+then serves rounds. The test alternates rounds: optimized, onnxruntime, optimized, ... after one
+warm-up round each; a round is ITERATIONS calls of `run` (1 for most models), timed inside the
+worker, so the messages between the processes are not timed.
+
+- optimized runs at level 99 (ORT_ENABLE_ALL); chain100 also runs at level 1
+  ("optimized-level1": nothing fused, one kernel call per node, for the per-node overhead).
+- onnxruntime runs at ORT_ENABLE_ALL, sequential, inter_op_num_threads 1.
+- Both get the same feeds and the same intra_op_num_threads.
+
+What lands in --benchmark-json: pytest-benchmark times each call of
+`IsolatedPair.alternation_step`, i.e. one round of every runtime plus the messages; that is
+the `stats` of the benchmark and is not a comparison figure. The comparison is in `extra_info`:
+`runtimes[<runtime>]` holds pytest-benchmark's Stats fields (median, min, max, mean, stddev,
+iqr, ...) over the worker-measured seconds per call, one value per round, the raw values
+(`data`), and the session-creation times. benchmarks/results.py reads those.
+
+`test_shared_process` runs the same comparison with both sessions in the test's own process
+(IsolatedPair(in_process=True)) for the SHARED cases only, to measure what sharing a process
+costs (issue 16: one runtime's waiting threads taking the other's cores). It is not part of the
+main table.
 
 Before timing, each runtime's outputs are checked against the reference evaluator's on the
 same feeds with rtol=1e-3 (the ONNX backend runner's) and atol=1e-4. The absolute term is wider
@@ -12,7 +32,7 @@ runtimes block those sums differently: a result near zero after a residual Add o
 centring keeps an absolute error of about eps(float32) * sqrt(K) * |operands|, 1e-6 to 1e-5
 here, which no relative tolerance covers. A wrong kernel misses by far more than 1e-4.
 
-    python -m pytest benchmarks/test_optimized_vs_ort.py --benchmark-only \
+    python -m pytest benchmarks/test_optimized_vs_ort.py --benchmark-only \\
         --benchmark-json /tmp/bench.json -q
     python -m benchmarks.results /tmp/bench.json > benchmarks/RESULTS.md
 """
@@ -22,9 +42,10 @@ import functools
 
 import numpy as np
 import pytest
+from pytest_benchmark.stats import Stats
 
-import optimized
 from benchmarks import models
+from benchmarks.isolated import IsolatedPair, WorkerSpec
 from reference import ReferenceEvaluator
 
 THREADS = [1, 2]
@@ -32,33 +53,32 @@ RTOL, ATOL = 1e-3, 1e-4
 # models whose runs take a tenth of a second or more get fewer rounds
 HEAVY = {"gpt2_seq128", "bert_layer", "light_resnet50", "light_vgg19", "light_densenet121",
          "light_inception_v2"}
-# the chain takes well under a millisecond in onnxruntime: repeat it inside each round
-ITERATIONS = {"chain100": 50}
+# models that take well under a millisecond: repeat them inside each round
+ITERATIONS = {models.CHAIN: 50}
+SHARED = [("light_resnet50", 2), ("gpt2_seq1", 2)]
 
 
-def rounds_for(name: str) -> dict:
-    return {"rounds": 7 if name in HEAVY else 15, "iterations": ITERATIONS.get(name, 1),
-            "warmup_rounds": 1}
+def rounds_for(name: str) -> int:
+    return 7 if name in HEAVY else 15
 
 
 @functools.cache
-def build(name: str):
-    """(serialized model, feeds, the reference evaluator's outputs), built once per run."""
+def expected_outputs(name: str) -> list:
+    """The reference evaluator's outputs on the benchmark feeds, once per model."""
     model, feeds = models.build(name)
-    expected = ReferenceEvaluator(model).run(None, feeds)
-    return model.SerializeToString(), feeds, expected
+    return ReferenceEvaluator(model).run(None, feeds)
 
 
-def load(name: str):
+def load_expected(name: str) -> list:
     try:
-        return build(name)
+        return expected_outputs(name)
     except FileNotFoundError as e:  # an onnx build without the light models
         pytest.skip(str(e))
 
 
 def check_close(name: str, runtime: str, expected: list, actual: list) -> None:
     assert len(actual) == len(expected), f"{runtime} on {name}: {len(actual)} outputs"
-    for i, (want, got) in enumerate(zip(expected, actual)):
+    for i, (want, got) in enumerate(zip(expected, actual, strict=True)):
         got = np.asarray(got)
         assert got.shape == want.shape and got.dtype == want.dtype, (
             f"{runtime} on {name}, output {i}: {got.dtype}{got.shape}, "
@@ -67,56 +87,47 @@ def check_close(name: str, runtime: str, expected: list, actual: list) -> None:
                                    err_msg=f"{runtime} on {name}, output {i}")
 
 
-@pytest.fixture(params=models.NAMES)
-def model_name(request):
-    return request.param
+def specs_for(name: str, threads: int) -> list[WorkerSpec]:
+    specs = [WorkerSpec("optimized", "benchmarks.sessions:optimized", (name, threads, 99)),
+             WorkerSpec("onnxruntime", "benchmarks.sessions:onnxruntime", (name, threads))]
+    if name == models.CHAIN:
+        specs.insert(1, WorkerSpec("optimized-level1", "benchmarks.sessions:optimized",
+                                   (name, threads, 1)))
+    return specs
 
 
-@pytest.fixture(params=THREADS, ids=lambda n: f"t{n}")
-def threads(request):
-    return request.param
+def runtime_record(info: dict, seconds_per_call: list[float]) -> dict:
+    stats = Stats()
+    for seconds in seconds_per_call:
+        stats.update(seconds)
+    return {**stats.as_dict(), "data": list(seconds_per_call), **info}
 
 
-def describe(benchmark, name: str, threads: int, runtime: str) -> None:
-    benchmark.group = f"{name}-t{threads}"
-    benchmark.extra_info.update(model=name, threads=threads, runtime=runtime)
+def compare(benchmark, name: str, threads: int, in_process: bool) -> None:
+    pytest.importorskip("onnxruntime")
+    expected = load_expected(name)
+    iterations, rounds = ITERATIONS.get(name, 1), rounds_for(name)
+    benchmark.group = f"{name}-t{threads}" + ("-shared-process" if in_process else "")
+    benchmark.extra_info.update(model=name, threads=threads, iterations=iterations,
+                                process="shared" if in_process else "isolated")
+    with IsolatedPair(specs_for(name, threads), in_process=in_process) as pair:
+        for runtime in pair.names:
+            check_close(name, runtime, expected, pair.outputs(runtime))
+        pair.alternation_step(iterations)  # warm-up, not kept
+        times: dict[str, list[float]] = {}
+        benchmark.pedantic(pair.alternation_step, kwargs={"iterations": iterations,
+                                                          "into": times}, rounds=rounds)
+        benchmark.extra_info["runtimes"] = {
+            runtime: runtime_record(pair.info(runtime), times[runtime]) for runtime in pair.names}
+        benchmark.extra_info["onnxruntime_version"] = pair.info("onnxruntime")["version"]
 
 
-def test_optimized(benchmark, model_name, threads):
-    describe(benchmark, model_name, threads, "optimized")
-    model, feeds, expected = load(model_name)
-    options = optimized.SessionOptions()
-    options.graph_optimization_level = optimized.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = threads
-    session = optimized.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    check_close(model_name, "optimized", expected, session.run(None, feeds))
-    benchmark.pedantic(session.run, args=(None, feeds), **rounds_for(model_name))
+@pytest.mark.parametrize("threads", THREADS, ids=lambda n: f"t{n}")
+@pytest.mark.parametrize("name", models.NAMES)
+def test_optimized_vs_onnxruntime(benchmark, name, threads):
+    compare(benchmark, name, threads, in_process=False)
 
 
-def test_optimized_node_by_node_chain(benchmark, threads):
-    """chain100 at level 1: no fusion, so one kernel call per node, for the per-node overhead
-    that level 99's chain fusion hides."""
-    describe(benchmark, models.CHAIN, threads, "optimized-level1")
-    model, feeds, expected = load(models.CHAIN)
-    options = optimized.SessionOptions()
-    options.graph_optimization_level = optimized.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.intra_op_num_threads = threads
-    session = optimized.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    check_close(models.CHAIN, "optimized-level1", expected, session.run(None, feeds))
-    benchmark.pedantic(session.run, args=(None, feeds), **rounds_for(models.CHAIN))
-
-
-def test_onnxruntime(benchmark, model_name, threads):
-    ort = pytest.importorskip("onnxruntime")
-    describe(benchmark, model_name, threads, "onnxruntime")
-    benchmark.extra_info["onnxruntime_version"] = ort.__version__
-    model, feeds, expected = load(model_name)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3  # the light models carry unused initializers it warns about
-    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    check_close(model_name, "onnxruntime", expected, session.run(None, feeds))
-    benchmark.pedantic(session.run, args=(None, feeds), **rounds_for(model_name))
+@pytest.mark.parametrize(("name", "threads"), SHARED, ids=[f"{n}-t{t}" for n, t in SHARED])
+def test_shared_process(benchmark, name, threads):
+    compare(benchmark, name, threads, in_process=True)

@@ -114,3 +114,13 @@ def test_bad_specs_are_named():
             pair.round("one", iterations=0)
         with pytest.raises(KeyError, match="no running worker 'other'"):
             pair.round("other")
+
+
+def test_in_process_mode_runs_the_same_rounds_here():
+    with IsolatedPair([spec("a"), spec("b")], settle_seconds=0, in_process=True) as pair:
+        assert {pair.info(n)["pid"] for n in pair.names} == {os.getpid()}
+        times = pair.alternate(rounds=2, warmup_rounds=0)
+        assert pair.history == ["a", "b", "a", "b"] and len(times["b"]) == 2
+    with (pytest.raises(WorkerError, match="(?s)in-process 'bad' failed while a round.*boom"),
+          IsolatedPair([spec("bad", "broken_step", "boom")], in_process=True) as pair):
+        pair.round("bad")

@@ -1,0 +1,149 @@
+"""Workloads for benchmarks/isolated.py: one benchmark model's session in each runtime.
+
+A factory builds the model of benchmarks/models.py by name (seeded, so every process builds
+the same bytes), serializes it, and creates the session from those bytes, timing the creation:
+`first_creation_seconds` is the first session of the process (one-time initialisation
+included), `creation_seconds` the median of CREATION_REPEATS more sessions built the same way
+(only one more when the first took over a second). The session that runs is the first one.
+
+Both runtimes get the same feeds and intra_op_num_threads; optimized runs at `level` (99 is
+ORT_ENABLE_ALL), onnxruntime at ORT_ENABLE_ALL, sequential, inter_op_num_threads 1.
+
+The `profile` command runs a separate profiling session `runs` times and returns, per op type,
+the number of node events and their mean total microseconds per run.
+
+    python -m benchmarks.sessions MODEL THREADS [RUNS]   # both runtimes' profiles, top ops
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks import models
+from benchmarks.isolated import Workload
+
+CREATION_REPEATS = 3
+# onnxruntime writes the wait before and after a kernel as separate node events
+NOT_KERNEL_TIME = ("_fence_before", "_fence_after")
+
+
+def timed_creations(create) -> tuple[object, float, float]:
+    """(first session, its creation seconds, median seconds of the repeats)."""
+    start = time.perf_counter()
+    session = create()
+    first = time.perf_counter() - start
+    repeats = []
+    for _ in range(CREATION_REPEATS if first < 1.0 else 1):
+        start = time.perf_counter()
+        create()
+        repeats.append(time.perf_counter() - start)
+    return session, first, statistics.median(repeats)
+
+
+def profile_summary(trace_path: str, runs: int) -> dict[str, dict]:
+    """{op type: {"nodes": events per run, "us": microseconds per run}} from a Chrome trace of
+    a warm-up run and then `runs` runs, each with the same node events: the warm-up's (the
+    first in time) are left out."""
+    with open(trace_path) as f:
+        events = [e for e in json.load(f) if e.get("cat") == "Node"
+                  and not e.get("name", "").endswith(NOT_KERNEL_TIME)]
+    events.sort(key=lambda e: e.get("ts", 0))
+    summary: dict[str, dict] = defaultdict(lambda: {"nodes": 0.0, "us": 0.0})
+    for event in events[len(events) // (runs + 1):]:
+        op = event.get("args", {}).get("op_name", "?")
+        summary[op]["nodes"] += 1 / runs
+        summary[op]["us"] += event.get("dur", 0) / runs
+    return dict(summary)
+
+
+def workload(name: str, create, make_profiled, version: str) -> Workload:
+    model, feeds = models.build(name)
+    data = model.SerializeToString()
+    session, first, creation = timed_creations(lambda: create(data))
+
+    def profile(runs: int = 10) -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            profiled = make_profiled(data, str(Path(tmp) / "profile"))
+            for _ in range(runs + 1):  # a warm-up, then the runs summarised
+                profiled.run(None, feeds)
+            return profile_summary(profiled.end_profiling(), runs)
+
+    return Workload(step=lambda: session.run(None, feeds),
+                    info={"creation_seconds": creation, "first_creation_seconds": first,
+                          "version": version, "model_bytes": len(data)},
+                    commands={"profile": profile})
+
+
+def optimized(name: str, threads: int, level: int = 99) -> Workload:
+    import optimized as ort
+
+    def options(prefix: str | None = None):
+        o = ort.SessionOptions()
+        o.graph_optimization_level = ort.GraphOptimizationLevel(level)
+        o.intra_op_num_threads = threads
+        if prefix:
+            o.enable_profiling = True
+            o.profile_file_prefix = prefix
+        return o
+
+    def create(data, prefix=None):
+        return ort.InferenceSession(data, options(prefix), providers=["CPUExecutionProvider"])
+
+    return workload(name, create, create, ort.__version__)
+
+
+def onnxruntime(name: str, threads: int) -> Workload:
+    import onnxruntime as ort
+
+    def options(prefix: str | None = None):
+        o = ort.SessionOptions()
+        o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        o.intra_op_num_threads = threads
+        o.inter_op_num_threads = 1
+        o.log_severity_level = 3  # the light models carry unused initializers it warns about
+        if prefix:
+            o.enable_profiling = True
+            o.profile_file_prefix = prefix
+        return o
+
+    def create(data, prefix=None):
+        return ort.InferenceSession(data, options(prefix), providers=["CPUExecutionProvider"])
+
+    return workload(name, create, create, ort.__version__)
+
+
+def format_profile(summary: dict[str, dict], top: int = 12) -> str:
+    total = sum(v["us"] for v in summary.values()) or 1.0
+    rows = sorted(summary.items(), key=lambda kv: -kv[1]["us"])[:top]
+    lines = [f"  {'op':<28} {'nodes':>6} {'µs/run':>10} {'share':>6}"]
+    lines += [f"  {op:<28} {v['nodes']:>6.0f} {v['us']:>10.1f} {v['us'] / total:>6.1%}"
+              for op, v in rows]
+    lines.append(f"  {'all node events':<28} {sum(v['nodes'] for v in summary.values()):>6.0f} "
+                 f"{total:>10.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    from benchmarks.isolated import IsolatedPair, WorkerSpec
+
+    if len(argv) not in (2, 3):
+        print("usage: python -m benchmarks.sessions MODEL THREADS [RUNS]", file=sys.stderr)
+        return 2
+    name, threads, runs = argv[0], int(argv[1]), int(argv[2]) if len(argv) == 3 else 10
+    specs = [WorkerSpec("optimized", "benchmarks.sessions:optimized", (name, threads)),
+             WorkerSpec("onnxruntime", "benchmarks.sessions:onnxruntime", (name, threads))]
+    with IsolatedPair(specs) as pair:
+        for runtime in pair.names:
+            print(f"{runtime}, {name}, {threads} thread(s), mean of {runs} runs:")
+            print(format_profile(pair.command(runtime, "profile", runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
