@@ -117,6 +117,13 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
                      const uint8_t *zp_packed, const float *zp_float, const float *bias, float *y,
                      int m, int n, int k, int bits, int block_size, int allow_simd);
 
+/* A DequantizeLinear weight's 4- or 8-bit codes as MatMulNBits's b (the layout above, bits 4
+ * or 8): src holds k x n codes (n x k when transposed), 8-bit one a byte, 4-bit two a byte,
+ * the first in the low nibble.  Codes past k in a row's last block are 0.  flip_sign XORs each
+ * code with 2^(bits-1): a signed code c becomes the unsigned c + 2^(bits-1). */
+void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits, int block_size,
+                       int transposed, int flip_sign);
+
 /* Per row of x (rows x cols): s = x, or x + skip (+ bias) when skip is not NULL (skip shaped
  * like x, bias one row); y = s / sqrt(mean(s^2) + epsilon) * scale.  sum (the s of the skip
  * form) and inv_rms (one value per row) may be NULL.  y may alias x; sum may not alias y. */

@@ -473,3 +473,36 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
             for (int j = 0; j < n; ++j) y[i * n + j] += bias[j];
     return 0;
 }
+
+/* --- weights of a DequantizeLinear -> MatMul pair, laid out as MatMulNBits's B ----------- */
+
+/* Tiles of k whose source rows stay in cache while every weight row takes its part. */
+enum { PACK_TILE_K = 64 };
+
+static inline uint8_t source_code(const uint8_t *src, size_t i, int bits)
+{
+    return bits == 8 ? src[i] : (uint8_t)((src[i >> 1] >> ((i & 1) * 4)) & 15);
+}
+
+void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits, int block_size,
+                       int transposed, int flip_sign)
+{
+    size_t n_blocks = ((size_t)k + block_size - 1) / block_size;
+    size_t row_bytes = n_blocks * (size_t)block_size * bits / 8;
+    uint8_t flip = flip_sign ? (uint8_t)(1 << (bits - 1)) : 0;
+    memset(dst, 0, (size_t)n * row_bytes);
+    for (int k0 = 0; k0 < k; k0 += PACK_TILE_K) {
+        int k1 = k - k0 < PACK_TILE_K ? k : k0 + PACK_TILE_K;
+        for (int j = 0; j < n; ++j) {
+            uint8_t *row = dst + (size_t)j * row_bytes;
+            for (int i = k0; i < k1; ++i) {
+                size_t at = transposed ? (size_t)j * k + i : (size_t)i * n + j;
+                uint8_t code = source_code(src, at, bits) ^ flip;
+                if (bits == 8)
+                    row[i] = code;
+                else
+                    row[i >> 1] |= (uint8_t)(code << ((i & 1) * 4));
+            }
+        }
+    }
+}

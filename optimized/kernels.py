@@ -706,6 +706,30 @@ def _uint8(name: str, a, size: int) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
+def matmul_nbits_pack(codes, *, k: int, n: int, bits: int, block_size: int,
+                      transposed: bool = False, signed: bool = False) -> np.ndarray:
+    """A DequantizeLinear weight's codes as MatMulNBits's B, (n, blocks, block_size * bits / 8)
+    uint8, without any wider copy: `codes` (bytes or uint8) holds k x n codes (n x k when
+    transposed) as a 4- or 8-bit tensor's raw data stores them (4-bit two a byte, the first in
+    the low nibble).  signed: the codes are int4/int8, stored as c + 2^(bits-1)."""
+    if bits not in (4, 8):
+        raise ValueError(f"matmul_nbits_pack: bits must be 4 or 8, got {bits}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"matmul_nbits_pack: block_size must be a power of 2 >= 16, got {block_size}")
+    if isinstance(codes, (bytes, bytearray, memoryview)):
+        codes = np.frombuffer(codes, np.uint8)
+    codes = _uint8("codes", codes, (k * n * bits + 7) // 8)
+    blocks = (k + block_size - 1) // block_size
+    for name, v in (("K", k), ("N", n), ("K in whole blocks", blocks * block_size)):
+        _c_int(name, v)
+    out = np.empty((n, blocks, block_size * bits // 8), np.uint8)
+    if out.size:
+        lib.matmul_nbits_pack(ffi.from_buffer("uint8_t[]", codes),
+                              ffi.from_buffer("uint8_t[]", out), k, n, bits, block_size,
+                              int(bool(transposed)), int(bool(signed)))
+    return out
+
+
 # --- RMS normalization ---------------------------------------------------------------------
 
 def rms_norm(x: np.ndarray, scale: np.ndarray, *, skip: np.ndarray | None = None,

@@ -228,3 +228,48 @@ def test_session_runs_the_fast_kernel(monkeypatch):
     assert calls, "MatMulNBits ran as the reference op"
     assert_agrees(y, a, b, scales, None, None, k=64, n=16, bits=4, block_size=32)
     onnx.checker.check_model(model)
+
+
+# repacking a DequantizeLinear weight (optimized/passes/qdq_matmul_nbits.py) ----------------------
+def raw_codes(codes, bits):
+    """Codes as a 4/8-bit tensor's raw data holds them: 4-bit two a byte, low nibble first."""
+    flat = codes.reshape(-1).astype(np.uint8) & ((1 << bits) - 1)
+    if bits == 8:
+        return flat.tobytes()
+    flat = np.append(flat, np.zeros(flat.size % 2, np.uint8))
+    return (flat[0::2] | (flat[1::2] << 4)).tobytes()
+
+
+@hsettings
+@given(k=st.integers(1, 200), n=st.integers(1, 33), bits=st.sampled_from([4, 8]),
+       block_size=st.sampled_from(BLOCK_SIZES), transposed=st.booleans(), signed=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_pack_gives_the_reference_weights(k, n, bits, block_size, transposed, signed, seed):
+    """Repacked codes [K, N] (or [N, K]) dequantize, by the reference's MatMulNBits reading,
+    to the codes moved by 2^(bits-1) when signed, each row in order along K."""
+    rng = np.random.default_rng(seed)
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    codes_kn = rng.integers(lo, hi + 1, (k, n))
+    src = codes_kn.T if transposed else codes_kn
+    b = kernels.matmul_nbits_pack(raw_codes(np.ascontiguousarray(src), bits), k=k, n=n,
+                                  bits=bits, block_size=block_size, transposed=transposed,
+                                  signed=signed)
+    blocks = (k + block_size - 1) // block_size
+    assert b.shape == (n, blocks, block_size * bits // 8) and b.dtype == np.uint8
+    ones = np.ones(n * blocks, np.float32)
+    zero = np.zeros(n * ((blocks * bits + 7) // 8), np.uint8)
+    w = dequantized_nbits(b, ones, zero, K=k, N=n, bits=bits, block_size=block_size)
+    offset = (1 << (bits - 1)) if signed else 0
+    np.testing.assert_array_equal(w, (codes_kn.T + offset).astype(np.float32))
+
+
+@pytest.mark.parametrize("change,error", [
+    ({"codes": b"\0" * 5}, "codes must hold 6 bytes"),
+    ({"bits": 2}, "bits must be 4 or 8"),
+    ({"block_size": 24}, "power of 2"),
+])
+def test_pack_bad_arguments_are_named(change, error):
+    args = {"codes": b"\0" * 6, "k": 3, "n": 4, "bits": 4, "block_size": 16}
+    args.update(change)
+    with pytest.raises(ValueError, match=error):
+        kernels.matmul_nbits_pack(args.pop("codes"), **args)
