@@ -21,6 +21,7 @@ from .identity_elimination import eliminate_identities
 from .initializer_inputs import freeze_initializer_inputs
 from .layer_norm_fusion import fuse_layer_norm
 from .matmul_add_to_gemm import matmul_add_to_gemm
+from .qdq_matmul_nbits import fuse_dequantize_matmul
 from .rms_norm_fusion import fuse_rms_norm
 from .silu_mlp_fusion import fuse_silu_mlp
 
@@ -35,6 +36,8 @@ class Pass(NamedTuple):
 # otherwise take apart the MatMul/scale patterns they look for
 PASSES: list[Pass] = [
     Pass("initializer_inputs", 1, freeze_initializer_inputs),
+    # before constant folding, which would turn the quantized weights into float ones
+    Pass("qdq_matmul_nbits", 1, fuse_dequantize_matmul),
     Pass("constant_folding", 1, fold_constants),
     Pass("identity_elimination", 1, eliminate_identities),
     Pass("cse", 1, eliminate_common_subexpressions),

@@ -1,0 +1,247 @@
+"""DequantizeLinear(constant 4- or 8-bit weight) -> MatMul becomes com.microsoft MatMulNBits,
+with the weight's codes repacked straight from the initializer's bytes, so its float copy never
+exists. It runs before constant folding, which would otherwise evaluate the DequantizeLinear
+into exactly that copy (onnxruntime's DQ -> MatMulNBits fusion exists for the same reason).
+
+The forms matched are those onnxruntime's quantizers write:
+- MatMul4BitsQuantizer/MatMulNBitsQuantizer in QDQ format: DequantizeLinear of an int4 (symmetric,
+  no zero point) or uint4 (with zero points) weight [K, N], scales [ceil(K / block), N], axis 0,
+  block_size (opset 21), or block_size K when quantized per channel;
+- its channel-wise symmetric variant for NPUs: an int4 weight [N, K], scales [N, 1], axis 1,
+  block_size K, then Transpose(perm [1, 0]);
+- quantize_static's QDQ weights: int8/uint8 [K, N] per output channel (scales [N], axis 1) or
+  per tensor, or blockwise along K as above.
+DequantizeLinear gives (q - zero point) * scale, rounded once to float32; MatMulNBits's
+weights are (code - zero point) * scale with unsigned codes, so signed codes and zero points
+move by 2^(bits - 1), which keeps every difference. Per-tensor and per-channel scales are
+repeated over MatMulNBits blocks; a blockwise DequantizeLinear whose block size has no power-of-2
+divisor >= 16 (MatMulNBits's block sizes) stays as it is, as do float16 scales, weights
+read by anything but MatMul's second input, and external data not loaded.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .. import kernels
+from ._graph import (
+    MS_DOMAIN,
+    attr,
+    constant_tensors,
+    consumers,
+    copy_model,
+    ensure_opset,
+    graph_output_names,
+    node_inputs,
+    opset_version,
+    set_nodes,
+    unique_name,
+)
+
+# element type -> (bits, signed)
+CODE_TYPES = {TensorProto.INT4: (4, True), TensorProto.UINT4: (4, False),
+              TensorProto.INT8: (8, True), TensorProto.UINT8: (8, False)}
+# MatMulNBits block size for a weight quantized per channel or per tensor: few scales, and
+# little padding past K
+WHOLE_K_BLOCK = 128
+
+
+def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
+    graph = model.graph
+    constants = constant_tensors(graph)
+    uses = consumers(graph)
+    outputs = graph_output_names(graph)
+    opset = opset_version(model)
+    matches = [m for node in graph.node
+               if (m := _match(node, constants, uses, outputs, opset)) is not None]
+    if not matches:
+        return model
+    model = copy_model(model)
+    graph = model.graph
+    constants = constant_tensors(graph)
+    made_by = {o: n for n in graph.node for o in n.output if o}
+    replaced, new_nodes = set(), {}
+    for match in matches:
+        inputs, attrs = _nbits_weights(graph, constants, match)
+        replaced.update(id(made_by[name]) for name in match.removed)
+        for out in match.matmul_outputs:
+            matmul = made_by[out]
+            new_nodes[id(matmul)] = helper.make_node(
+                "MatMulNBits", [matmul.input[0], *inputs], [out], name=matmul.name,
+                domain=MS_DOMAIN, **attrs)
+    set_nodes(graph, [new_nodes.get(id(n), n) for n in graph.node if id(n) not in replaced])
+    _drop_unread_initializers(graph)
+    ensure_opset(model, MS_DOMAIN, 1)
+    return model
+
+
+class Match(NamedTuple):
+    weight: str  # the quantized weight's name
+    bits: int
+    signed: bool
+    k: int
+    n: int
+    transposed: bool  # the weight is [N, K], read through Transpose(perm [1, 0])
+    dq_block: int  # the DequantizeLinear's block size along K (K when per channel or tensor)
+    scales: np.ndarray  # [blocks, N]
+    zero_points: np.ndarray | None  # [blocks, N], as integers
+    removed: list[str]  # outputs of the DequantizeLinear (and Transpose) nodes that go
+    matmul_outputs: list[str]
+
+
+def _match(node, constants, uses, outputs, opset) -> Match | None:
+    """What replaces a DequantizeLinear whose every reader is MatMul's weight, or None."""
+    if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+        return None
+    x = constants.get(node.input[0])
+    scale = constants.get(node.input[1]) if len(node.input) > 1 else None
+    zp_name = node.input[2] if len(node.input) > 2 else ""
+    if x is None or x.data_type not in CODE_TYPES or len(x.dims) != 2 or scale is None:
+        return None
+    if x.data_location == TensorProto.EXTERNAL or scale.data_type != TensorProto.FLOAT:
+        return None
+    if zp_name and (zp_name not in constants or constants[zp_name].data_type != x.data_type):
+        return None
+    if attr(node, "output_dtype", 0) not in (0, TensorProto.FLOAT):
+        return None
+    removed = [node.output[0]]
+    readers = _readers(node.output[0], uses, outputs)
+    transposed = len(readers) == 1 and _is_transpose(readers[0])
+    if transposed:
+        removed.append(readers[0].output[0])
+        readers = _readers(readers[0].output[0], uses, outputs)
+    if not readers or not all(_reads_as_weight(r, removed[-1]) for r in readers):
+        return None
+    rows, cols = int(x.dims[0]), int(x.dims[1])
+    k, n = (cols, rows) if transposed else (rows, cols)
+    if k == 0 or n == 0:
+        return None
+    zero_point = numpy_helper.to_array(constants[zp_name]).astype(np.int16) if zp_name else None
+    params = _along_k(node, k, n, transposed, numpy_helper.to_array(scale), zero_point, opset)
+    if params is None or _nbits_block(params[0], k) is None:
+        return None
+    bits, signed = CODE_TYPES[x.data_type]
+    return Match(node.input[0], bits, signed, k, n, transposed, *params, removed,
+                 [r.output[0] for r in readers])
+
+
+def _readers(name, uses, outputs) -> list:
+    return [] if name in outputs else uses.get(name, [])
+
+
+def _is_transpose(node) -> bool:
+    return (node.op_type == "Transpose" and node.domain in ("", "ai.onnx")
+            and list(attr(node, "perm", [1, 0])) == [1, 0])
+
+
+def _reads_as_weight(node, name) -> bool:
+    return (node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.input) == 2
+            and node.input[1] == name and node.input[0] != name)
+
+
+def _along_k(dq, k, n, transposed, scale, zero_point, opset):
+    """(block size along K, scales [blocks, N], zero points [blocks, N] or None) of the
+    DequantizeLinear, or None when its quantization does not run in blocks along K."""
+    k_axis = 1 if transposed else 0
+    block = attr(dq, "block_size", 0) if opset >= 21 else 0
+    axis = attr(dq, "axis", 1)
+    if not -2 <= axis < 2:
+        return None
+    axis %= 2
+
+    def kn(p):
+        return None if p is None else (p.T if k_axis == 1 else p)
+
+    if block > 0:
+        blocks = -(-k // block)
+        expected = (blocks, n) if k_axis == 0 else (n, blocks)
+        if axis != k_axis or scale.shape != expected:
+            return None
+        if zero_point is not None and zero_point.shape != expected:
+            return None
+        return block, kn(scale), kn(zero_point)
+    if scale.size == 1 and scale.ndim <= 1:  # per tensor
+        row = np.full((1, n), scale.reshape(-1)[0], scale.dtype)
+        zp = None if zero_point is None else np.full((1, n), zero_point.reshape(-1)[0])
+        return k, row, zp
+    if scale.ndim == 1 and axis != k_axis and scale.shape == (n,):  # per output channel
+        if zero_point is not None and zero_point.shape != (n,):
+            return None
+        return k, scale[None, :], None if zero_point is None else zero_point[None, :]
+    return None
+
+
+def _nbits_block(dq_block: int, k: int) -> int | None:
+    """A MatMulNBits block size (a power of 2 >= 16) whose every block lies inside one of the
+    DequantizeLinear's blocks, or None."""
+    if dq_block >= k:
+        size = 16
+        while size < min(k, WHOLE_K_BLOCK):
+            size *= 2
+        return size
+    size = dq_block & -dq_block  # the largest power of 2 dividing it
+    return size if size >= 16 else None
+
+
+def _nbits_weights(graph, constants, match: Match):
+    """MatMulNBits's weight inputs (new initializers) and attributes for a match."""
+    block = _nbits_block(match.dq_block, match.k)
+    blocks = -(-match.k // block)
+    dq_of = np.arange(blocks) * block // match.dq_block  # the DequantizeLinear block of each
+    scales = np.ascontiguousarray(match.scales[dq_of].T, dtype=np.float32)
+    codes = kernels.matmul_nbits_pack(
+        _raw_codes(constants[match.weight], match.bits), k=match.k, n=match.n, bits=match.bits,
+        block_size=block, transposed=match.transposed, signed=match.signed)
+    offset = 1 << (match.bits - 1)
+    zp = (np.zeros((match.n, blocks), np.int16) if match.zero_points is None
+          else match.zero_points[dq_of].T) + (offset if match.signed else 0)
+    base = match.weight
+    names = [_add(graph, f"{base}_nbits", codes), _add(graph, f"{base}_nbits_scales", scales)]
+    if not np.all(zp == offset):  # else MatMulNBits's default zero point
+        names.append(_add(graph, f"{base}_nbits_zero_points",
+                          _packed_zero_points(zp, match.bits)))
+    return names, {"K": match.k, "N": match.n, "bits": match.bits, "block_size": block}
+
+
+def _raw_codes(tensor, bits):
+    """The tensor's codes as its raw data holds them (4-bit: two a byte, low nibble first)."""
+    raw = tensor.raw_data
+    if raw:
+        return raw
+    codes = (numpy_helper.to_array(tensor).astype(np.int16).reshape(-1) & ((1 << bits) - 1))
+    codes = codes.astype(np.uint8)
+    if bits == 4:
+        codes = np.append(codes, np.zeros(codes.size % 2, np.uint8))
+        codes = codes[0::2] | (codes[1::2] << 4)
+    return np.ascontiguousarray(codes)
+
+
+def _packed_zero_points(zp, bits):
+    """Zero points [N, blocks] packed as MatMulNBits reads them: uint8, 4-bit two a byte
+    (the first block in the low nibble), each row padded to whole bytes."""
+    zp = zp.astype(np.uint8)
+    if bits == 8:
+        return zp
+    if zp.shape[1] % 2:
+        zp = np.concatenate([zp, np.zeros((zp.shape[0], 1), np.uint8)], axis=1)
+    return zp[:, 0::2] | (zp[:, 1::2] << 4)
+
+
+def _add(graph, base, array):
+    name = unique_name(graph, base)
+    graph.initializer.append(numpy_helper.from_array(array, name))
+    return name
+
+
+def _drop_unread_initializers(graph) -> None:
+    """The quantized weights the DequantizeLinear nodes read go at once, not after every later
+    pass has copied them."""
+    read = {name for node in graph.node for name in node_inputs(node)}
+    read |= {o.name for o in graph.output} | {i.name for i in graph.input}
+    kept = [i for i in graph.initializer if i.name in read]
+    if len(kept) < len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)

@@ -1,0 +1,324 @@
+"""qdq_matmul_nbits: DequantizeLinear(constant 4/8-bit weight) -> MatMul becomes MatMulNBits
+without the float weights ever existing. Models are built with onnx.helper in the forms
+onnxruntime's quantizers write (and, where onnxruntime is installed, by its quantizer itself);
+every rewritten model's output is judged against the reference on the QDQ graph by the bound
+policy of reference/agreement.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import optimized
+from optimized.passes import PASSES, optimize
+from optimized.passes.qdq_matmul_nbits import fuse_dequantize_matmul
+from reference import ReferenceEvaluator, agreement
+
+from .helpers import check_model, op_types
+
+CODE_RANGE = {TensorProto.INT4: (-8, 7), TensorProto.UINT4: (0, 15),
+              TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255)}
+
+
+def code_type(bits, signed):
+    return {(4, True): TensorProto.INT4, (4, False): TensorProto.UINT4,
+            (8, True): TensorProto.INT8, (8, False): TensorProto.UINT8}[bits, signed]
+
+
+def code_tensor(name, codes, elem, raw=True):
+    """A 4/8-bit initializer as onnxruntime's quantizer writes it: raw bytes, 4-bit codes two
+    a byte (the first in the low nibble); raw=False keeps them in int32_data instead."""
+    if not raw:
+        return helper.make_tensor(name, elem, codes.shape, codes.reshape(-1).tolist())
+    flat = codes.reshape(-1).astype(np.int64)
+    if elem in (TensorProto.INT4, TensorProto.UINT4):
+        nibbles = np.append(flat & 15, np.zeros(flat.size % 2, np.int64)).astype(np.uint8)
+        data = (nibbles[0::2] | (nibbles[1::2] << 4)).tobytes()
+    else:
+        data = (flat & 255).astype(np.uint8).tobytes()
+    return helper.make_tensor(name, elem, codes.shape, data, raw=True)
+
+
+def qdq_model(rng, *, k, n, bits=4, signed=True, scheme="block", block=32, zero_points=False,
+              transposed=False, a_shape=("M",), raw=True, scale_dtype=np.float32):
+    """y = a @ DequantizeLinear(w): w [K, N] (or [N, K] then Transpose, the NPU form), scales
+    per block along K (opset 21's block_size), per output channel (block_size K when 4-bit, as
+    MatMulNBitsQuantizer writes it, else a 1-D scale), or per tensor."""
+    elem = code_type(bits, signed)
+    lo, hi = CODE_RANGE[elem]
+    w_shape = (n, k) if transposed else (k, n)
+    codes = rng.integers(lo, hi + 1, w_shape)
+    k_axis = 1 if transposed else 0
+    attrs = {}
+    if scheme == "block":
+        blocks = -(-k // block)
+        p_shape = (n, blocks) if transposed else (blocks, n)
+        attrs = {"axis": k_axis, "block_size": block}
+    elif scheme == "channel_block":  # MatMulNBitsQuantizer's channel_wised_quantize
+        p_shape = (n, 1) if transposed else (1, n)
+        attrs = {"axis": k_axis, "block_size": k}
+    elif scheme == "channel":
+        p_shape = (n,)
+        attrs = {"axis": 1 - k_axis}
+    else:
+        p_shape = ()
+    scale = ((rng.random(p_shape) + 0.05) * rng.choice([-1, 1], p_shape) / 8).astype(scale_dtype)
+    inits = [code_tensor("w_q", codes, elem, raw), numpy_helper.from_array(np.asarray(scale), "w_scale")]
+    dq_inputs = ["w_q", "w_scale"]
+    if zero_points:
+        zp = rng.integers(lo, hi + 1, p_shape)
+        inits.append(code_tensor("w_zp", np.asarray(zp), elem, raw))
+        dq_inputs.append("w_zp")
+    nodes = [helper.make_node("DequantizeLinear", dq_inputs, ["w_dq"], name="w_DQ", **attrs)]
+    weight = "w_dq"
+    if transposed:
+        nodes.append(helper.make_node("Transpose", ["w_dq"], ["w_t"], perm=[1, 0]))
+        weight = "w_t"
+    nodes.append(helper.make_node("MatMul", ["a", weight], ["y"], name="proj"))
+    elem_a = helper.np_dtype_to_tensor_dtype(np.dtype(scale_dtype))
+    graph = helper.make_graph(
+        nodes, "qdq",
+        [helper.make_tensor_value_info("a", elem_a, [*a_shape, k])],
+        [helper.make_tensor_value_info("y", elem_a, [*a_shape, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def dequantized_weight(model):
+    """The float32 weight [K, N] the first MatMul reads, as the reference computes it on the QDQ
+    graph (the DequantizeLinear and Transpose nodes alone)."""
+    weight = next(n.input[1] for n in model.graph.node if n.op_type == "MatMul")
+    nodes = [n for n in model.graph.node if n.op_type != "MatMul"]
+    graph = helper.make_graph(nodes, "weight", [], [helper.make_tensor_value_info(
+        weight, TensorProto.FLOAT, None)], list(model.graph.initializer))
+    return ReferenceEvaluator(helper.make_model(graph, opset_imports=model.opset_import)).run(
+        None, {})[0]
+
+
+def assert_agrees_with_qdq_graph(model, rewritten, a, got):
+    """The MatMulNBits result against the float64 truth a @ w, w the reference's float32
+    DequantizeLinear output on the QDQ graph, within MatMulNBits's bound."""
+    [node] = [n for n in rewritten.graph.node if n.op_type == "MatMulNBits"]
+    inits = {t.name: numpy_helper.to_array(t) for t in rewritten.graph.initializer}
+    w = dequantized_weight(model).astype(np.float64)
+    rows = a.reshape(-1, w.shape[0])
+    inputs = [rows] + [inits[name] for name in node.input[1:]]
+    truth = rows.astype(np.float64) @ w
+    verdict = agreement.judge(node, 1, inputs, [got.reshape(-1, w.shape[1])], [truth])
+    assert verdict.ok, verdict.message()
+    reference = ReferenceEvaluator(model).run(None, {"a": a})[0]
+    assert got.shape == reference.shape and got.dtype == reference.dtype
+
+
+def run_session(model, a, level=optimized.GraphOptimizationLevel.ORT_ENABLE_ALL):
+    options = optimized.SessionOptions()
+    options.graph_optimization_level = level
+    session = optimized.InferenceSession(model.SerializeToString(), options)
+    return session, session.run(None, {"a": a})[0]
+
+
+def assert_fused(rewritten, k, n):
+    """One MatMulNBits [K, N] and no float weights: the only float initializers are its scales,
+    and the only integer ones its uint8 codes and zero points."""
+    assert op_types(rewritten) == {"com.microsoft::MatMulNBits": 1}, op_types(rewritten)
+    [node] = rewritten.graph.node
+    assert (helper.get_attribute_value(node.attribute[0]), helper.get_attribute_value(
+        node.attribute[1])) == (k, n)
+    kinds = {t.name: t.data_type for t in rewritten.graph.initializer}
+    assert kinds[node.input[2]] == TensorProto.FLOAT
+    assert {kinds[name] for name in node.input[1:] if name != node.input[2]} == {
+        TensorProto.UINT8}
+    assert set(kinds) == set(node.input[1:])
+
+
+# the forms onnxruntime's quantizers write ---------------------------------------------------
+@pytest.mark.parametrize("form", [
+    {"bits": 4, "signed": True, "scheme": "block", "block": 32},  # MatMulNBitsQuantizer, symmetric
+    {"bits": 4, "signed": False, "scheme": "block", "block": 128, "zero_points": True},  # asymmetric
+    {"bits": 4, "signed": False, "scheme": "channel_block", "zero_points": True},  # channel-wise
+    {"bits": 4, "signed": True, "scheme": "channel_block", "transposed": True},  # its NPU form
+    {"bits": 8, "signed": True, "scheme": "channel"},  # quantize_static, per channel, symmetric
+    {"bits": 8, "signed": False, "scheme": "channel", "zero_points": True},
+    {"bits": 8, "signed": False, "scheme": "tensor", "zero_points": True},  # per tensor
+    {"bits": 8, "signed": True, "scheme": "block", "block": 64, "zero_points": True},
+    {"bits": 4, "signed": True, "scheme": "block", "block": 16, "raw": False},  # int32_data, not raw
+], ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("m", [1, 5])
+def test_quantizer_forms_become_matmul_nbits(form, m):
+    """K = 200 is no multiple of the block sizes, N = 37 is odd."""
+    rng = np.random.default_rng(m)
+    k, n = 200, 37
+    model = qdq_model(rng, k=k, n=n, **form)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    session, got = run_session(model, a)
+    assert_fused(session.optimized_model, k, n)
+    assert_agrees_with_qdq_graph(model, session.optimized_model, a, got)
+    check_model(session.optimized_model)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.sampled_from([1, 2, 9]), k=st.integers(1, 300), n=st.integers(1, 41),
+       bits=st.sampled_from([4, 8]), signed=st.booleans(), zero_points=st.booleans(),
+       scheme=st.sampled_from(["block", "channel_block", "channel", "tensor"]),
+       block=st.sampled_from([16, 32, 64, 128, 48, 96]), transposed=st.booleans(),
+       rank3=st.booleans(), seed=st.integers(0, 2**16))
+def test_against_the_qdq_graph(m, k, n, bits, signed, zero_points, scheme, block, transposed,
+                               rank3, seed):
+    """Any shape, code type, zero point and quantization scheme the pass takes agrees with the
+    reference on the QDQ graph (blocks of 48 and 96 run as MatMulNBits blocks of 16 and 32)."""
+    rng = np.random.default_rng(seed)
+    a_shape = ("B", "S") if rank3 else ("M",)
+    model = qdq_model(rng, k=k, n=n, bits=bits, signed=signed, zero_points=zero_points,
+                      scheme=scheme, block=block, transposed=transposed, a_shape=a_shape)
+    a = rng.standard_normal((2, m, k) if rank3 else (m, k), dtype=np.float32)
+    session, got = run_session(model, a)
+    assert_fused(session.optimized_model, k, n)
+    assert_agrees_with_qdq_graph(model, session.optimized_model, a, got)
+
+
+def test_hand_checked_layout():
+    """uint4 w [K=3, N=2] = [[1, 2], [3, 4], [5, 6]] per output channel, zero points 1 and 2,
+    scales 0.5 and 2: column 0 is (0, 2, 4) * 0.5, column 1 (0, 2, 4) * 2, so a = (1, 1, 1)
+    gives (3, 12); MatMulNBits holds column n's codes as row n, in order along K."""
+    codes = np.array([[1, 2], [3, 4], [5, 6]])
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["w"], axis=1),
+         helper.make_node("MatMul", ["a", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+        [code_tensor("q", codes, TensorProto.UINT4),
+         numpy_helper.from_array(np.array([0.5, 2], np.float32), "s"),
+         code_tensor("z", np.array([1, 2]), TensorProto.UINT4)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    rewritten = fuse_dequantize_matmul(model)
+    [node] = rewritten.graph.node
+    inits = {t.name: numpy_helper.to_array(t) for t in rewritten.graph.initializer}
+    b, zp = inits[node.input[1]], inits[node.input[3]]
+    assert b.shape == (2, 1, 8) and b[0, 0, :2].tolist() == [0x31, 0x05]  # codes 1, 3, 5
+    assert b[1, 0, :2].tolist() == [0x42, 0x06] and zp.tolist() == [[1], [2]]
+    y = optimized.InferenceSession(rewritten.SerializeToString()).run(
+        None, {"a": np.ones((1, 3), np.float32)})[0]
+    assert y.tolist() == [[3.0, 12.0]]
+
+
+def test_the_float_weights_are_never_made(monkeypatch):
+    """Nothing reads the quantized weight as an array while the session is made (constant
+    folding would, through numpy_helper.to_array, were the pass to run after it): its bytes go
+    straight to the C repacking."""
+    real = numpy_helper.to_array
+
+    def guarded(tensor, *args, **kwargs):
+        assert tensor.name != "w_q", "the quantized weight was read as an array"
+        return real(tensor, *args, **kwargs)
+
+    rng = np.random.default_rng(4)
+    model = qdq_model(rng, k=96, n=24, bits=4, signed=False, zero_points=True)
+    monkeypatch.setattr(numpy_helper, "to_array", guarded)
+    a = rng.standard_normal((3, 96), dtype=np.float32)
+    for level in (1, 2, 99):
+        session, got = run_session(model, a, optimized.GraphOptimizationLevel(level))
+        assert_fused(session.optimized_model, 96, 24)
+    monkeypatch.undo()
+    assert_agrees_with_qdq_graph(model, session.optimized_model, a, got)
+
+
+def test_runs_before_constant_folding():
+    names = [p.name for p in PASSES]
+    assert names.index("qdq_matmul_nbits") < names.index("constant_folding")
+    assert {p.name: p.level for p in PASSES}["qdq_matmul_nbits"] == 1
+
+
+def test_one_weight_read_by_two_matmuls():
+    """Tied weights: both MatMuls read the one repacked weight."""
+    rng = np.random.default_rng(5)
+    model = qdq_model(rng, k=64, n=16)
+    model.graph.node.append(helper.make_node("MatMul", ["a", "w_dq"], ["y2"]))
+    model.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["M", 16]))
+    rewritten = optimize(model, 99)
+    assert op_types(rewritten) == {"com.microsoft::MatMulNBits": 2}
+    [first, second] = rewritten.graph.node
+    assert first.input[1:] == second.input[1:]
+    a = rng.standard_normal((2, 64), dtype=np.float32)
+    y, y2 = optimized.InferenceSession(model.SerializeToString()).run(None, {"a": a})
+    np.testing.assert_array_equal(y, y2)
+
+
+# left alone ------------------------------------------------------------------------------------
+def also_read_by_add(model):
+    model.graph.node.append(helper.make_node("Add", ["w_dq", "w_dq"], ["w2"]))
+    model.graph.output.append(helper.make_tensor_value_info("w2", TensorProto.FLOAT, None))
+
+
+def as_graph_output(model):
+    model.graph.output.append(helper.make_tensor_value_info("w_dq", TensorProto.FLOAT, None))
+
+
+@pytest.mark.parametrize("form,change", [
+    ({"scheme": "block", "block": 24}, None),  # no power-of-2 block >= 16 divides 24
+    ({"scheme": "block", "block": 32, "scale_dtype": np.float16}, None),  # float16 weights
+    ({"scheme": "block", "block": 32}, also_read_by_add),  # the float weights are needed anyway
+    ({"scheme": "block", "block": 32}, as_graph_output),
+], ids=["block24", "float16", "other-reader", "graph-output"])
+def test_left_alone(form, change):
+    rng = np.random.default_rng(6)
+    k, n = 72, 10
+    model = qdq_model(rng, k=k, n=n, **form)
+    if change is not None:
+        change(model)
+    assert fuse_dequantize_matmul(model) is model
+    a = rng.standard_normal((2, k)).astype(form.get("scale_dtype", np.float32))
+    got = optimized.InferenceSession(model.SerializeToString()).run(None, {"a": a})
+    expected = ReferenceEvaluator(model).run(None, {"a": a})
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=2e-3, atol=2e-3)
+
+
+def test_per_row_scale_along_k_is_left_alone():
+    """A 1-D scale on axis 0 of a [K, N] weight scales each of the K rows: no MatMulNBits block
+    holds one scale, so the pattern stays."""
+    rng = np.random.default_rng(7)
+    model = qdq_model(rng, k=20, n=20, bits=8, scheme="channel")
+    model.graph.node[0].attribute[0].i = 0  # axis 1 -> 0: per row of K
+    assert fuse_dequantize_matmul(model) is model
+
+
+# onnxruntime's quantizer itself -------------------------------------------------------------------
+@pytest.mark.parametrize("symmetric,channel_wise",
+                         [(True, False), (False, False), (True, True), (False, True)])
+def test_onnxruntime_quantizer_qdq_output(symmetric, channel_wise):
+    """MatMulNBitsQuantizer in QDQ format (channel-wise symmetric is its Transpose form): our
+    session fuses it and agrees with the reference on the QDQ graph, and with onnxruntime run
+    at accuracy level 0 (float32 activations, as ours) on the same truth."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    rng = np.random.default_rng(8)
+    k, n = 200, 37
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=symmetric,
+                                          quant_format=QuantFormat.QDQ,
+                                          channel_wised_quantize=channel_wise)
+    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+    quantizer.process()
+    qdq = quantizer.model.model
+    assert "DequantizeLinear" in op_types(qdq)
+    a = rng.standard_normal((3, k), dtype=np.float32)
+    session, got = run_session(qdq, a)
+    assert_fused(session.optimized_model, k, n)
+    assert_agrees_with_qdq_graph(qdq, session.optimized_model, a, got)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    theirs = ort.InferenceSession(qdq.SerializeToString(), options,
+                                  providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
+    assert_agrees_with_qdq_graph(qdq, session.optimized_model, a, theirs)
