@@ -17,6 +17,7 @@ from .loading import check_graph_structure, check_ops_implemented, load_model
 from .registry import OpContext, canonical_domain, lookup
 from .types import check_feed, value_type_proto
 from .values import normalize
+from .weights import tensor_array
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Result:
 
 
 def tensor_value(tensor) -> np.ndarray:
-    return normalize(numpy_helper.to_array(tensor))
+    return normalize(tensor_array(tensor))  # a stub's array comes from its weight store
 
 
 def sparse_value(sparse) -> np.ndarray:

@@ -13,6 +13,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 from .errors import InvalidModelError, UnsupportedOpError
 from .functions import has_function_body, schema_for
 from .registry import canonical_domain, lookup
+from .weights import is_stub
 
 # Sub-byte types store two (4-bit) or four (2-bit) elements per byte.
 _BITS = {getattr(TensorProto, n): b for n, b in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4),
@@ -88,7 +89,7 @@ def model_tensors(model: ModelProto):
 
 
 def _external(tensor) -> bool:
-    return tensor.data_location == TensorProto.EXTERNAL
+    return tensor.data_location == TensorProto.EXTERNAL and not is_stub(tensor)  # stubs are in memory
 
 
 def refuse_external_data(model: ModelProto, how: str) -> None:
