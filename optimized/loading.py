@@ -1,5 +1,7 @@
 """A model as a session loads it: external data given in memory, initializers given through
-SessionOptions.add_initializer, and free dimensions fixed by name or denotation."""
+SessionOptions.add_initializer, and free dimensions fixed by name or denotation. Its large
+initializers are held once, as arrays in a WeightStore (reference/weights.py), with stubs in
+the model: a model file's weights are read straight into those arrays."""
 from __future__ import annotations
 
 import os
@@ -9,44 +11,60 @@ from onnx import ModelProto, external_data_helper, numpy_helper
 
 from reference.errors import InvalidModelError
 from reference.loading import load_external_data, load_model, model_tensors, refuse_external_data
+from reference.weights import (
+    WeightStore,
+    copy_without_weights,
+    detach_initializers,
+    is_stub,
+    read_model_file,
+)
 
 from .errors import InvalidArgument
 
 
-def load_for_session(path_or_bytes, options) -> ModelProto:
-    if not (options.external_files or options.initializers or options.free_dimensions_by_name
-            or options.free_dimensions_by_denotation):
-        return load_model(path_or_bytes)
-    model, folder = _parse(path_or_bytes)
+def load_for_session(path_or_bytes, options) -> tuple[ModelProto, WeightStore]:
+    """The model to run, its large initializers as stubs in the store that comes with it."""
+    store = WeightStore()
+    model, folder = _parse(path_or_bytes, store)
     fill_external_data(model, options.external_files)
     replace_initializers(model, options.initializers)
     if folder is None:
-        refuse_external_data(model, "the model was given without a path")
+        how = "the model was given as a ModelProto" if isinstance(path_or_bytes, ModelProto) else \
+            "the model was given as bytes" if isinstance(path_or_bytes, (bytes, bytearray)) else \
+            "the model was given without a path"
+        refuse_external_data(model, how)
     else:
         load_external_data(model, folder)
     fix_free_dimensions(model, options.free_dimensions_by_name, options.free_dimensions_by_denotation)
-    return model
+    detach_initializers(model, store)  # external data, and what the options added
+    store.retain(model)  # less what add_initializer replaced
+    return model, store
 
 
-def _parse(path_or_bytes) -> tuple[ModelProto, str | None]:
-    """A copy of the model we may edit, external data not yet read, and its folder (if a path)."""
+def _parse(path_or_bytes, store: WeightStore) -> tuple[ModelProto, str | None]:
+    """A model we may edit, external data not yet read, and its folder (if a path)."""
     if isinstance(path_or_bytes, (str, os.PathLike)):
         path = os.fspath(path_or_bytes)
-        if not os.path.isfile(path):
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
             return load_model(path), None  # its error names what is wrong
-        try:
-            return onnx.load(path, load_external_data=False), os.path.dirname(os.path.abspath(path))
-        except Exception as e:
-            raise InvalidModelError(f"cannot parse {path}: it is not an ONNX model ({e})") from e
+        model = read_model_file(path, store)
+        if model is None:
+            try:
+                model = onnx.load(path, load_external_data=False)
+            except Exception as e:
+                raise InvalidModelError(f"cannot parse {path}: it is not an ONNX model ({e})") from e
+        if not model.HasField("graph") and not model.opset_import:
+            raise InvalidModelError(f"cannot parse {path}: it is not an ONNX model (no graph)")
+        return model, os.path.dirname(os.path.abspath(path))
     if isinstance(path_or_bytes, (bytes, bytearray)):
         try:
-            return onnx.load_model_from_string(bytes(path_or_bytes)), None
+            model = onnx.load_model_from_string(bytes(path_or_bytes))
         except Exception as e:
             raise InvalidModelError(f"cannot parse model bytes: {e}") from e
+        detach_initializers(model, store)
+        return model, None
     if isinstance(path_or_bytes, ModelProto):
-        copy = ModelProto()
-        copy.CopyFrom(path_or_bytes)
-        return copy, None
+        return copy_without_weights(path_or_bytes, store), None  # the caller's model stays as it is
     return load_model(path_or_bytes), None  # its error names the wrong type
 
 
@@ -55,7 +73,7 @@ def fill_external_data(model: ModelProto, files: dict[str, bytes]) -> None:
     if not files:
         return
     for tensor in model_tensors(model):
-        if not external_data_helper.uses_external_data(tensor):
+        if not external_data_helper.uses_external_data(tensor) or is_stub(tensor):
             continue
         info = external_data_helper.ExternalDataInfo(tensor)
         if info.location not in files:

@@ -15,6 +15,7 @@ from reference import ReferenceEvaluator
 from reference.evaluator import Result, validate
 from reference.types import check_feed, describe_type
 from reference.values import EMPTY
+from reference.weights import attached, checkable
 
 from . import feeds as feed_conversion
 from .check import NodeCheckError, check_step, write_repro  # noqa: F401 (check mode)
@@ -99,10 +100,11 @@ class InferenceSession:
         self._fallback = True
         self._profiling_start_ns = 0
         with as_load_errors():
-            original = load_for_session(path_or_bytes, self._options)
-            validate(original)
-        self._original = original
+            original, self._weights = load_for_session(path_or_bytes, self._options)
+            validate(checkable(original))
+        self._metadata = ModelMetadata(original)
         self._model = self._rewrite(original)
+        del original  # its weights are the store's; the rewritten model is what runs
         self._evaluator = ReferenceEvaluator(self._model, check=False)
         self._inputs = [NodeArg(v) for v in self._evaluator.input_infos]
         self._outputs = [NodeArg(v) for v in with_inferred_outputs(self._model).graph.output]
@@ -127,9 +129,9 @@ class InferenceSession:
         from .passes import optimize
 
         level = int(self._options.graph_optimization_level)
-        rewritten = optimize(model, level) if level > 0 else model
+        rewritten = optimize(model, level, self._weights) if level > 0 else model
         if self._options.optimized_model_filepath:
-            onnx.save(rewritten, self._options.optimized_model_filepath)
+            onnx.save(attached(rewritten), self._options.optimized_model_filepath)
         return rewritten
 
     # onnxruntime's surface ------------------------------------------------------------
@@ -176,8 +178,9 @@ class InferenceSession:
 
     @property
     def optimized_model(self):
-        """The model after the graph rewrites of this session's level."""
-        return self._model
+        """The model after the graph rewrites of this session's level, with its weights (a new
+        copy on each call: the session itself keeps them once, outside the model)."""
+        return attached(self._model)
 
     def iter_results(self, input_feed):
         """Initializers, inputs, every node result (subgraph values with their path) and the
@@ -284,7 +287,7 @@ class InferenceSession:
         return self._options
 
     def get_modelmeta(self):
-        return ModelMetadata(self._original)
+        return self._metadata
 
     def end_profiling(self) -> str:
         """Write the Chrome-trace JSON of the runs so far; returns its path ('' if disabled)."""

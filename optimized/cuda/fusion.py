@@ -18,7 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import numpy_helper
+
+from reference.weights import tensor_array
 
 from ..fusion_groups import GroupGraph, trees
 
@@ -192,4 +193,4 @@ def _inlinable(value) -> bool:
 
 
 def initializer_arrays(graph) -> dict[str, np.ndarray]:
-    return {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    return {t.name: tensor_array(t) for t in graph.initializer}

@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 import onnx
 
+from reference.weights import WeightStore, detach_initializers
+
 from .attention_fusion import fuse_attention
 from .batchnorm_to_affine import batchnorm_to_affine
 from .constant_folding import fold_constants
@@ -56,8 +58,10 @@ PASSES: list[Pass] = [
 ]
 
 
-def optimize(model: onnx.ModelProto, level: int) -> onnx.ModelProto:
-    """The model rewritten by every pass whose level is <= `level` (0: unchanged)."""
+def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = None) -> onnx.ModelProto:
+    """The model rewritten by every pass whose level is <= `level` (0: unchanged). With a
+    `store`, the large initializers a pass makes move into it, and the arrays no pass needs any
+    longer leave it, so that each pass copies the model without copying weights."""
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"optimize expects an onnx.ModelProto, got {type(model).__name__}")
     if not isinstance(level, int) or level < 0:
@@ -65,6 +69,9 @@ def optimize(model: onnx.ModelProto, level: int) -> onnx.ModelProto:
     for p in PASSES:
         if p.level <= level:
             model = p.function(model)
+            if store is not None:
+                detach_initializers(model, store)
+                store.retain(model)
     return model
 
 

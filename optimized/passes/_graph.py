@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
+from reference.weights import tensor_array
+
 MS_DOMAIN = "com.microsoft"
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
@@ -138,7 +140,7 @@ class Constants:
         if name not in self.tensors:
             return None
         if name not in self._arrays:
-            self._arrays[name] = numpy_helper.to_array(self.tensors[name])
+            self._arrays[name] = tensor_array(self.tensors[name])
         return self._arrays[name]
 
 

@@ -26,6 +26,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from reference.weights import is_stub, tensor_array
+
 from .. import kernels
 from ._graph import (
     MS_DOMAIN,
@@ -101,7 +103,7 @@ def _match(node, constants, uses, outputs, opset) -> Match | None:
     zp_name = node.input[2] if len(node.input) > 2 else ""
     if x is None or x.data_type not in CODE_TYPES or len(x.dims) != 2 or scale is None:
         return None
-    if x.data_location == TensorProto.EXTERNAL or scale.data_type != TensorProto.FLOAT:
+    if (x.data_location == TensorProto.EXTERNAL and not is_stub(x)) or scale.data_type != TensorProto.FLOAT:
         return None
     if zp_name and (zp_name not in constants or constants[zp_name].data_type != x.data_type):
         return None
@@ -119,8 +121,8 @@ def _match(node, constants, uses, outputs, opset) -> Match | None:
     k, n = (cols, rows) if transposed else (rows, cols)
     if k == 0 or n == 0:
         return None
-    zero_point = numpy_helper.to_array(constants[zp_name]).astype(np.int16) if zp_name else None
-    params = _along_k(node, k, n, transposed, numpy_helper.to_array(scale), zero_point, opset)
+    zero_point = tensor_array(constants[zp_name]).astype(np.int16) if zp_name else None
+    params = _along_k(node, k, n, transposed, tensor_array(scale), zero_point, opset)
     if params is None or _nbits_block(params[0], k) is None:
         return None
     bits, signed = CODE_TYPES[x.data_type]
@@ -211,7 +213,7 @@ def _raw_codes(tensor, bits):
     raw = tensor.raw_data
     if raw:
         return raw
-    codes = (numpy_helper.to_array(tensor).astype(np.int16).reshape(-1) & ((1 << bits) - 1))
+    codes = (tensor_array(tensor).astype(np.int16).reshape(-1) & ((1 << bits) - 1))  # a stub too
     codes = codes.astype(np.uint8)
     if bits == 4:
         codes = np.append(codes, np.zeros(codes.size % 2, np.uint8))
