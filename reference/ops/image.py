@@ -1,4 +1,4 @@
-"""Image decoding: ImageDecoder (needs Pillow, the `image` extra)."""
+"""Image decoding: ImageDecoder (decodes through Pillow, a dependency)."""
 from __future__ import annotations
 
 import io
@@ -17,7 +17,7 @@ def image_decoder(encoded_stream, *, pixel_format="RGB"):
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError as e:
-        raise ImportError("ImageDecoder needs Pillow: pip install 'onnx-parity[image]'") from e
+        raise ImportError("ImageDecoder needs Pillow, which onnx-parity depends on: pip install Pillow") from e
     data = np.ascontiguousarray(encoded_stream, dtype=np.uint8).tobytes()
     try:
         with Image.open(io.BytesIO(data)) as image:
