@@ -53,17 +53,30 @@ def _fold(model, node, constants, outputs, max_elements):
     values = {name: constants.get(name) for name in node.input if name}
     if sum(v.size for v in values.values()) > max_elements:
         return None
+    if node.op_type == "ConstantOfShape" and _filled_elements(values, node) > max_elements:
+        return None  # not even made once: a large fill would only be dropped again
     try:
         arrays = [np.asarray(r) for r in _evaluate(model, node, values)]
-        for a in arrays:
-            numpy_helper.from_array(a)  # a value no TensorProto can hold stays a node
     except (ReferenceError_, TypeError, ValueError):  # the run reports it, naming the node
         return None
     if node.op_type != "Constant" and sum(a.size for a in arrays) > max_elements:
+        return None  # checked before any TensorProto copy of a large result is made
+    try:
+        for a in arrays:
+            numpy_helper.from_array(a.reshape(-1)[:0])  # a type no TensorProto holds stays a node
+    except (TypeError, ValueError):
         return None
     if any(a.dtype == object for a in arrays) or len(arrays) != len(node.output):
         return None
     return arrays
+
+
+def _filled_elements(values: dict, node) -> int:
+    """Elements a ConstantOfShape makes (0 when its shape input is not a plain vector)."""
+    shape = values.get(node.input[0]) if node.input else None
+    if shape is None or shape.ndim != 1 or shape.dtype.kind not in "iu":
+        return 0
+    return int(np.prod(shape.astype(np.int64), dtype=np.int64)) if np.all(shape >= 0) else 0
 
 
 def _evaluate(model, node, values):
