@@ -1,0 +1,85 @@
+"""A session holds its weights once: loading a model with one 64 MiB initializer (from its path,
+or from a ModelProto the caller keeps) and running it once raises the process's peak RSS by
+little more than 64 MiB. Measured in a fresh subprocess (Linux: /proc/self/status).
+(Before the weight store the same load peaked at about 4x: the file's bytes, the parsed model,
+onnx's checker copy and the pass copies, then the evaluator's own arrays.)"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import optimized
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the peak RSS is read from /proc/self/status (Linux only)")
+
+ROWS = COLS = 4096  # float32: 64 MiB
+WEIGHT_BYTES = ROWS * COLS * 4
+# what a session may add over one copy of the weight: the plan, the kernels' first-run state,
+# allocator slack (measured: under 0.1x here)
+ALLOWED_GROWTH = 1.3
+
+# The child's peak is VmHWM, its own address space's high-water mark: ru_maxrss would also
+# carry the peak of the (forked) pytest process across exec.
+CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np, onnx
+    import optimized, optimized.cpu  # the kernels' libraries load before the baseline
+
+    def peak_bytes():
+        with open("/proc/self/status") as f:
+            line = next(line for line in f if line.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+
+    source, path = sys.argv[1:3]
+    model = onnx.load(path) if source == "modelproto" else path
+    x = np.ones((1, {rows}), np.float32)
+    before = peak_bytes()
+    session = optimized.InferenceSession(model)
+    session.run(None, {{"x": x}})
+    print(json.dumps({{"growth_bytes": peak_bytes() - before}}))
+""").format(rows=ROWS)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    w = np.random.default_rng(0).standard_normal((ROWS, COLS), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "one_weight",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ROWS])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, COLS])],
+        [numpy_helper.from_array(w, "w")])
+    path = tmp_path_factory.mktemp("weights") / "one_weight.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def peak_growth(source: str, path: str) -> int:
+    done = subprocess.run([sys.executable, "-c", CHILD, source, path], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])["growth_bytes"]
+
+
+@pytest.mark.parametrize("source", ["path", "modelproto"])
+def test_a_large_initializer_is_held_once(model_path, source):
+    growth = peak_growth(source, model_path)
+    assert growth < ALLOWED_GROWTH * WEIGHT_BYTES, (
+        f"load + first run from a {source} grew the peak RSS by {growth / 2**20:.0f} MiB for a "
+        f"{WEIGHT_BYTES / 2**20:.0f} MiB weight")
+
+
+def test_the_optimized_model_carries_the_weight_the_session_runs(model_path):
+    session = optimized.InferenceSession(model_path)
+    [w] = session.optimized_model.graph.initializer
+    expected = numpy_helper.to_array(onnx.load(model_path).graph.initializer[0])
+    np.testing.assert_array_equal(numpy_helper.to_array(w), expected)
+    x = np.random.default_rng(1).standard_normal((1, ROWS), dtype=np.float32)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ expected, rtol=1e-4, atol=1e-3)
