@@ -476,24 +476,22 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
 
 /* --- weights of a DequantizeLinear -> MatMul pair, laid out as MatMulNBits's B ----------- */
 
-/* Tiles of k whose source rows stay in cache while every weight row takes its part. */
-enum { PACK_TILE_K = 64 };
+/* Tiles of PACK_TILE_K source rows by PACK_CHUNK_N weight rows (an even number) stay in cache
+ * while they are repacked. */
+enum { PACK_TILE_K = 64, PACK_CHUNK_N = 64 };
 
 static inline uint8_t source_code(const uint8_t *src, size_t i, int bits)
 {
     return bits == 8 ? src[i] : (uint8_t)((src[i >> 1] >> ((i & 1) * 4)) & 15);
 }
 
-void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits, int block_size,
-                       int transposed, int flip_sign)
+/* Any layout, code by code: weight rows [j0, j1). */
+static void pack_codes(const uint8_t *src, uint8_t *dst, int k, int n, int bits,
+                       size_t row_bytes, int transposed, uint8_t flip, int j0, int j1)
 {
-    size_t n_blocks = ((size_t)k + block_size - 1) / block_size;
-    size_t row_bytes = n_blocks * (size_t)block_size * bits / 8;
-    uint8_t flip = flip_sign ? (uint8_t)(1 << (bits - 1)) : 0;
-    memset(dst, 0, (size_t)n * row_bytes);
     for (int k0 = 0; k0 < k; k0 += PACK_TILE_K) {
         int k1 = k - k0 < PACK_TILE_K ? k : k0 + PACK_TILE_K;
-        for (int j = 0; j < n; ++j) {
+        for (int j = j0; j < j1; ++j) {
             uint8_t *row = dst + (size_t)j * row_bytes;
             for (int i = k0; i < k1; ++i) {
                 size_t at = transposed ? (size_t)j * k + i : (size_t)i * n + j;
@@ -504,5 +502,82 @@ void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits,
                     row[i >> 1] |= (uint8_t)(code << ((i & 1) * 4));
             }
         }
+    }
+}
+
+/* 4-bit [k, n] codes, n even, weight rows [j0, j1) (j1 - j0 even, at most PACK_CHUNK_N): the
+ * bytes of source rows i and i + 1 at column pair (j, j + 1) make byte i / 2 of weight rows j
+ * and j + 1.  A tile of PACK_TILE_K source rows is gathered into a small contiguous buffer
+ * first, then copied out row by row: written straight into rows whose stride is a multiple of
+ * 4 KiB, the tile's bytes would all compete for the same few cache sets. */
+static void pack4_column_pairs(const uint8_t *restrict src, uint8_t *restrict dst, int k, int n,
+                               size_t row_bytes, uint8_t flip, int j0, int j1)
+{
+    enum { TILE_BYTES = PACK_TILE_K / 2 };
+    uint8_t tile[PACK_CHUNK_N][TILE_BYTES];
+    size_t src_row = (size_t)n / 2;
+    uint8_t flip2 = (uint8_t)(flip | flip << 4);
+    int pairs = (j1 - j0) / 2;
+    for (int k0 = 0; k0 < k; k0 += PACK_TILE_K) {
+        int k1 = k - k0 < PACK_TILE_K ? k : k0 + PACK_TILE_K;
+        int i = k0;
+        for (; i + 1 < k1; i += 2) {
+            const uint8_t *restrict top = src + (size_t)i * src_row + j0 / 2;
+            const uint8_t *restrict bottom = top + src_row;
+            int at = (i - k0) / 2;
+            for (int p = 0; p < pairs; ++p) {
+                uint8_t a = top[p], b = bottom[p];
+                tile[2 * p][at] = (uint8_t)(((a & 15) | (b << 4)) ^ flip2);
+                tile[2 * p + 1][at] = (uint8_t)(((a >> 4) | (b & 0xF0)) ^ flip2);
+            }
+        }
+        if (i < k1) { /* k odd: the last code alone in its byte */
+            const uint8_t *restrict top = src + (size_t)i * src_row + j0 / 2;
+            int at = (i - k0) / 2;
+            for (int p = 0; p < pairs; ++p) {
+                tile[2 * p][at] = (uint8_t)((top[p] & 15) ^ flip);
+                tile[2 * p + 1][at] = (uint8_t)((top[p] >> 4) ^ flip);
+            }
+        }
+        size_t bytes = (size_t)(k1 - k0 + 1) / 2;
+        for (int r = 0; r < 2 * pairs; ++r)
+            memcpy(dst + (size_t)(j0 + r) * row_bytes + k0 / 2, tile[r], bytes);
+    }
+}
+
+/* [n, k] codes whose rows start on whole bytes (8-bit, or k even): each weight row is its
+ * source row, signs flipped. */
+static void pack_rows(const uint8_t *restrict src, uint8_t *restrict dst, int k, int bits,
+                      size_t row_bytes, uint8_t flip, int j0, int j1)
+{
+    size_t src_row = (size_t)k * bits / 8;
+    uint8_t flip_byte = bits == 8 ? flip : (uint8_t)(flip | flip << 4);
+    for (int j = j0; j < j1; ++j) {
+        const uint8_t *restrict in = src + (size_t)j * src_row;
+        uint8_t *restrict out = dst + (size_t)j * row_bytes;
+        for (size_t b = 0; b < src_row; ++b)
+            out[b] = in[b] ^ flip_byte;
+    }
+}
+
+void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits, int block_size,
+                       int transposed, int flip_sign)
+{
+    size_t n_blocks = ((size_t)k + block_size - 1) / block_size;
+    size_t row_bytes = n_blocks * (size_t)block_size * bits / 8;
+    uint8_t flip = flip_sign ? (uint8_t)(1 << (bits - 1)) : 0;
+    int pairs = bits == 4 && !transposed && n % 2 == 0;
+    int whole_rows = transposed && (bits == 8 || k % 2 == 0);
+    memset(dst, 0, (size_t)n * row_bytes);
+    /* one thread: it runs once, while a session loads, and two threads on a busy machine took
+     * longer than one (a thread waiting at the barrier for a core) */
+    for (int j0 = 0; j0 < n; j0 += PACK_CHUNK_N) {
+        int j1 = n - j0 < PACK_CHUNK_N ? n : j0 + PACK_CHUNK_N;
+        if (pairs)
+            pack4_column_pairs(src, dst, k, n, row_bytes, flip, j0, j1);
+        else if (whole_rows)
+            pack_rows(src, dst, k, bits, row_bytes, flip, j0, j1);
+        else
+            pack_codes(src, dst, k, n, bits, row_bytes, transposed, flip, j0, j1);
     }
 }

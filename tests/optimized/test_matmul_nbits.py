@@ -263,6 +263,16 @@ def test_pack_gives_the_reference_weights(k, n, bits, block_size, transposed, si
     np.testing.assert_array_equal(w, (codes_kn.T + offset).astype(np.float32))
 
 
+@pytest.mark.parametrize("k,n", [(255, 130), (256, 131), (130, 200), (64, 64)])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_pack_across_tiles(k, n, bits, transposed):
+    """Shapes past the C code's tiles (64 codes along K, 64 weight rows): odd and even K and N,
+    each of its paths (column pairs, whole rows, code by code)."""
+    test_pack_gives_the_reference_weights.hypothesis.inner_test(
+        k=k, n=n, bits=bits, block_size=32, transposed=transposed, signed=True, seed=k * n)
+
+
 @pytest.mark.parametrize("change,error", [
     ({"codes": b"\0" * 5}, "codes must hold 6 bytes"),
     ({"bits": 2}, "bits must be 4 or 8"),
