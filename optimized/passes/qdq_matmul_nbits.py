@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper
 
 from reference.weights import is_stub, tensor_array
@@ -34,13 +35,11 @@ from ._graph import (
     attr,
     constant_tensors,
     consumers,
-    copy_model,
     ensure_opset,
     graph_output_names,
     node_inputs,
     opset_version,
     set_nodes,
-    unique_name,
 )
 
 # element type -> (bits, signed)
@@ -61,23 +60,50 @@ def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
                if (m := _match(node, constants, uses, outputs, opset)) is not None]
     if not matches:
         return model
-    model = copy_model(model)
-    graph = model.graph
-    constants = constant_tensors(graph)
-    made_by = {o: n for n in graph.node for o in n.output if o}
-    replaced, new_nodes = set(), {}
+    made_by = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    removed = {made_by[name] for m in matches for name in m.removed}
+    read = {o.name for o in graph.output} | {i.name for i in graph.input}
+    read.update(name for i, n in enumerate(graph.node) if i not in removed
+                for name in node_inputs(n))
+    weights = {name for i in removed for name in graph.node[i].input if name}
+    result = _copy_without(model, weights - read)
+    taken = ({t.name for t in result.graph.initializer} | {i.name for i in graph.input}
+             | set(made_by))
+    fused = {}
     for match in matches:
-        inputs, attrs = _nbits_weights(graph, constants, match)
-        replaced.update(id(made_by[name]) for name in match.removed)
+        inputs, attrs = _nbits_weights(result.graph, constants, match, taken)
         for out in match.matmul_outputs:
-            matmul = made_by[out]
-            new_nodes[id(matmul)] = helper.make_node(
+            matmul = graph.node[made_by[out]]
+            fused[made_by[out]] = helper.make_node(
                 "MatMulNBits", [matmul.input[0], *inputs], [out], name=matmul.name,
                 domain=MS_DOMAIN, **attrs)
-    set_nodes(graph, [new_nodes.get(id(n), n) for n in graph.node if id(n) not in replaced])
-    _drop_unread_initializers(graph)
-    ensure_opset(model, MS_DOMAIN, 1)
-    return model
+    nodes = [fused.get(i, n) for i, n in enumerate(result.graph.node) if i not in removed]
+    set_nodes(result.graph, nodes)
+    ensure_opset(result, MS_DOMAIN, 1)
+    return result
+
+
+def _copy_without(model: onnx.ModelProto, dropped: set[str]) -> onnx.ModelProto:
+    """A copy of the model without the initializers named in `dropped`, which are never copied
+    (they are the large quantized weights)."""
+    copy = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _set_field(copy, field, value)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _set_field(copy.graph, field, value)
+    copy.graph.initializer.extend(t for t in model.graph.initializer if t.name not in dropped)
+    return copy
+
+
+def _set_field(message, field, value) -> None:
+    if hasattr(value, "extend"):  # a repeated field
+        getattr(message, field.name).extend(value)
+    elif isinstance(value, Message):
+        getattr(message, field.name).CopyFrom(value)
+    else:
+        setattr(message, field.name, value)
 
 
 class Match(NamedTuple):
@@ -188,7 +214,7 @@ def _nbits_block(dq_block: int, k: int) -> int | None:
     return size if size >= 16 else None
 
 
-def _nbits_weights(graph, constants, match: Match):
+def _nbits_weights(graph, constants, match: Match, taken: set[str]):
     """MatMulNBits's weight inputs (new initializers) and attributes for a match."""
     block = _nbits_block(match.dq_block, match.k)
     blocks = -(-match.k // block)
@@ -201,10 +227,11 @@ def _nbits_weights(graph, constants, match: Match):
     zp = (np.zeros((match.n, blocks), np.int16) if match.zero_points is None
           else match.zero_points[dq_of].T) + (offset if match.signed else 0)
     base = match.weight
-    names = [_add(graph, f"{base}_nbits", codes), _add(graph, f"{base}_nbits_scales", scales)]
+    names = [_add(graph, f"{base}_nbits", codes, taken),
+             _add(graph, f"{base}_nbits_scales", scales, taken)]
     if not np.all(zp == offset):  # else MatMulNBits's default zero point
         names.append(_add(graph, f"{base}_nbits_zero_points",
-                          _packed_zero_points(zp, match.bits)))
+                          _packed_zero_points(zp, match.bits), taken))
     return names, {"K": match.k, "N": match.n, "bits": match.bits, "block_size": block}
 
 
@@ -213,8 +240,10 @@ def _raw_codes(tensor, bits):
     raw = tensor.raw_data
     if raw:
         return raw
-    codes = (tensor_array(tensor).astype(np.int16).reshape(-1) & ((1 << bits) - 1))  # a stub too
-    codes = codes.astype(np.uint8)
+    values = tensor_array(tensor)  # a stub's array from its weight store, or int32_data's
+    if bits == 8:  # int8/uint8: the bytes are the codes
+        return np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+    codes = (values.astype(np.int16).reshape(-1) & 15).astype(np.uint8)
     if bits == 4:
         codes = np.append(codes, np.zeros(codes.size % 2, np.uint8))
         codes = codes[0::2] | (codes[1::2] << 4)
@@ -232,18 +261,11 @@ def _packed_zero_points(zp, bits):
     return zp[:, 0::2] | (zp[:, 1::2] << 4)
 
 
-def _add(graph, base, array):
-    name = unique_name(graph, base)
+def _add(graph, base: str, array: np.ndarray, taken: set[str]) -> str:
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
     graph.initializer.append(numpy_helper.from_array(array, name))
     return name
-
-
-def _drop_unread_initializers(graph) -> None:
-    """The quantized weights the DequantizeLinear nodes read go at once, not after every later
-    pass has copied them."""
-    read = {name for node in graph.node for name in node_inputs(node)}
-    read |= {o.name for o in graph.output} | {i.name for i in graph.input}
-    kept = [i for i in graph.initializer if i.name in read]
-    if len(kept) < len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
