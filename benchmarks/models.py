@@ -8,7 +8,13 @@ head split, MatMul, scale, mask, Softmax, MatMul and merge), with seeded random 
 - gpt2_seq1: the same decoder for one new token over a KV cache of 127 past positions;
 - bert_layer: a BERT-base-like encoder layer (d=768, 12 heads, FFN 3072, erf Gelu, padding mask);
 - chain100: 100 small elementwise ops on a [1, 64] tensor, for per-call overhead;
-- the light models that ship in the onnx package (light_resnet50, ...).
+- the light models that ship in the onnx package (light_resnet50, ...);
+- small models as torch.onnx writes them (benchmarks/torch_style.py): bert_classifier
+  (bert-mini's shape, sequence 128), vit (96x96 image, 16x16 patches, 4 layers of 192),
+  mobilenet_v3_small (width 0.5, 224x224);
+- the Llama-style decoder of benchmarks/decoders.py at its "tiny" size: llama_prefill over a
+  PROMPT-token prompt with an empty cache, llama_decode for one token after PROMPT cached
+  positions (the cache seeded random values).
 
     python -m benchmarks.models OUT_DIR      # writes every model as OUT_DIR/<name>.onnx
 """
@@ -273,8 +279,36 @@ def chain_feeds(width: int = 64, seed: int = 12) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(seed).standard_normal((1, width)).astype(np.float32)}
 
 
+def torch_style_model(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    from benchmarks import torch_style
+
+    if name == "bert_classifier":
+        model = torch_style.bert_classifier()
+        return model, torch_style.bert_feeds(model)
+    model = torch_style.vit() if name == "vit" else torch_style.mobilenet_v3_small()
+    return model, torch_style.image_feeds(model)
+
+
+def llama(name: str, seed: int = 13) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    from benchmarks import decoders
+
+    model = decoders.build_llama(decoders.SIZES["tiny"])
+    if name == "llama_prefill":
+        tokens = decoders.random_tokens(model, (1, PROMPT), seed=seed)
+        return model, {**decoders.step_feeds(tokens, 0), **decoders.empty_past(model)}
+    rng = np.random.default_rng(seed)
+    past = {k: rng.standard_normal(v.shape[:2] + (PROMPT,) + v.shape[3:]).astype(np.float32)
+            for k, v in decoders.empty_past(model).items()}
+    token = decoders.random_tokens(model, (1, 1), seed=seed)
+    return model, {**decoders.step_feeds(token, PROMPT), **past}
+
+
 def build(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """(model, feeds) for one benchmark model name (see NAMES)."""
+    if name in TORCH_STYLE:
+        return torch_style_model(name)
+    if name in LLAMA:
+        return llama(name)
     if name == "gpt2_seq128":
         return gpt2_block(SEQ), gpt2_feeds(SEQ, 0)
     if name == "gpt2_seq1":
@@ -290,7 +324,10 @@ def build(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 
 CHAIN = "chain100"
-NAMES = ["gpt2_seq128", "gpt2_seq1", "bert_layer", CHAIN] + [
+PROMPT = 32  # llama_prefill's prompt and llama_decode's cached positions
+TORCH_STYLE = ["bert_classifier", "vit", "mobilenet_v3_small"]
+LLAMA = ["llama_prefill", "llama_decode"]
+NAMES = ["gpt2_seq128", "gpt2_seq1", "bert_layer", CHAIN] + TORCH_STYLE + LLAMA + [
     f"light_{m}" for m in LIGHT_MODELS]
 
 
