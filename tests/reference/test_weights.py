@@ -3,6 +3,7 @@ the model; a model file read straight into those arrays."""
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -104,7 +105,7 @@ def test_the_evaluator_runs_a_model_with_stubs(model_path):
 
 
 def test_a_truncated_file_is_left_to_onnx_load(model_path, tmp_path):
-    data = open(model_path, "rb").read()
+    data = Path(model_path).read_bytes()
     cut = tmp_path / "cut.onnx"
     cut.write_bytes(data[: len(data) - 100])
     store = WeightStore()
