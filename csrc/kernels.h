@@ -135,3 +135,25 @@ void rmsnorm_last_f32(const float *x, const float *skip, const float *bias, cons
  * in_stride = cols for two arrays, 2 * cols for the halves of one (up = gate + cols). */
 void silu_mul_f32(const float *gate, const float *up, float *y, size_t rows, size_t cols,
                   size_t in_stride);
+
+/* Rotary embedding of x (d0, d1, d2, head), contiguous, into y (may alias x): the first rot
+ * values of each row turn in pairs (j, j + rot/2), or (2j, 2j + 1) when interleaved; the rest
+ * pass through.  Row (i0, i1, i2) reads cos/sin at i0 * s0 + i1 * s1 + i2 * s2 (strides 0
+ * broadcast): rot values (full_width) or rot/2 (one per pair). */
+void rotary_f32(const float *x, const float *cos, const float *sin, float *y, int64_t d0,
+                int64_t d1, int64_t d2, int64_t head, int64_t rot, const int64_t *cos_strides,
+                int full_width, int interleaved);
+
+/* Grouped-query attention: y (B, S, N, Dv) = softmax(q k^T * scale + mask) v, query head h
+ * reading K/V head kv_head_of[h] (K and V are never repeated).  q element (b, h, i, d) at
+ * b * q_strides[0] + h * q_strides[1] + i * q_strides[2] + d; k (B, KV, T, D) and
+ * v (B, KV, T, Dv) contiguous.  mask (additive) may be NULL, else
+ * mask[b*s0 + h*s1 + i*s2 + j*s3].  Query i of batch b sees keys j < kv_valid[b] (all when
+ * kv_valid is NULL), with causal also j <= q_pos[b] + i (q_pos NULL: 0), with window > 0 also
+ * j > q_pos[b] + i - window.  A row that sees no key gets zeros, or NaN with empty_nan.
+ * Returns 0, or -1 when out of memory. */
+int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const float *v, float *y,
+            int batch, int heads, int kv_heads, int q_len, int kv_len, int head_size,
+            int v_head_size, const int32_t *kv_head_of, float scale, const float *mask,
+            const int64_t *mask_strides, const int64_t *kv_valid, const int64_t *q_pos,
+            int causal, int64_t window, int empty_nan);

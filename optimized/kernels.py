@@ -796,3 +796,112 @@ def silu_mul(gate: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
         up_ptr = _ptr(up) if up is not None else gate_ptr + cols
         lib.silu_mul_f32(gate_ptr, up_ptr, _ptr(y), rows, cols, stride)
     return y
+
+
+# --- rotary embedding and grouped-query attention --------------------------------------------
+
+def rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, interleaved: bool = False,
+           out: np.ndarray | None = None) -> np.ndarray:
+    """x rotated by position: x (..., head) of rank 2 to 4; cos and sin broadcast to
+    x.shape[:-1] + (width,), width = rot (one value per rotated element, as exporters compute
+    them) or rot / 2 (one per pair, the com.microsoft RotaryEmbedding caches), where rot is the
+    full width: pairs (j, j + rot/2), or (2j, 2j + 1) when interleaved.  A full-width cos and
+    sin rotate every value (rot = head); half-width ones rotate the first 2 * width values."""
+    x, cos, sin = _f32("x", x), _f32("cos", cos), _f32("sin", sin)
+    if not 1 <= x.ndim <= 4:
+        raise ValueError(f"rotary: x must have rank 1 to 4, got shape {list(x.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rotary: cos {list(cos.shape)} and sin {list(sin.shape)} differ")
+    head, width = x.shape[-1], cos.shape[-1] if cos.ndim else 0
+    full_width = width == head
+    rot = head if full_width else 2 * width
+    if rot % 2 or rot > head or width == 0:
+        raise ValueError(f"rotary: cos/sin width {width} fits no rotation of head size {head}")
+    rows = (1,) * (4 - x.ndim) + x.shape[:-1]  # three leading axes
+    lead = cos.shape[:-1]
+    if not _broadcasts_to(lead, rows):
+        raise ValueError(f"rotary: cos/sin of shape {list(cos.shape)} do not broadcast to "
+                         f"{list(x.shape[:-1]) + [width]}")
+    strides = [s // 4 for s in np.broadcast_to(cos, rows + (width,)).strides[:3]]
+    d0, d1, d2 = rows
+    out = _output(out, x.shape, x, cos, sin, may_alias=(x,))
+    if out.size:
+        lib.rotary_f32(_ptr(x), _ptr(cos), _ptr(sin), _ptr(out), d0, d1, d2, head, rot,
+                       ffi.new("int64_t[3]", strides), int(full_width), int(bool(interleaved)))
+    return out
+
+
+def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_head_of=None,
+                      mask: np.ndarray | None = None, *, scale: float | None = None,
+                      q_layout: str = "bnsh", kv_valid=None, q_pos=None, causal: bool = False,
+                      window: int = -1, empty_nan: bool = False) -> np.ndarray:
+    """softmax(Q K^T * scale + mask) V with query head h reading K/V head kv_head_of[h]
+    (default h // (N / KV), torch's repeat_kv), K and V never repeated.
+
+    q (B, N, S, D) ("bnsh") or (B, S, N, D) ("bsnh"); k (B, KV, T, D), v (B, KV, T, Dv).
+    Returns y (B, S, N, Dv).  mask: additive float32, broadcast to (B, N, S, T).  Query i of
+    batch b sees keys j < kv_valid[b] (every key when None), with causal only j <=
+    q_pos[b] + i, with window > 0 only j > q_pos[b] + i - window.  scale defaults to
+    1/sqrt(D).  A query that sees no key gets zeros, or NaN with empty_nan (what ONNX Softmax
+    gives over a row of -inf)."""
+    q, k, v = _f32("Q", q), _f32("K", k), _f32("V", v)
+    for name, a in (("Q", q), ("K", k), ("V", v)):
+        _rank(name, a, 4)
+    if q_layout == "bnsh":
+        batch, heads, q_len, head_size = q.shape
+        q_strides = (heads * q_len * head_size, q_len * head_size, head_size)
+    elif q_layout == "bsnh":
+        batch, q_len, heads, head_size = q.shape
+        q_strides = (heads * q_len * head_size, head_size, heads * head_size)
+    else:
+        raise ValueError(f"q_layout must be 'bnsh' or 'bsnh', got {q_layout!r}")
+    kv_heads, kv_len, v_head_size = k.shape[1], k.shape[2], v.shape[3]
+    if k.shape != (batch, kv_heads, kv_len, head_size):
+        raise ValueError(f"K must be {[batch, 'KV', 'T', head_size]}, got {list(k.shape)}")
+    if v.shape[:3] != (batch, kv_heads, kv_len):
+        raise ValueError(f"V must be {[batch, kv_heads, kv_len, 'Dv']}, got {list(v.shape)}")
+    if kv_head_of is None:
+        if kv_heads == 0 or heads % kv_heads:
+            raise ValueError(f"{heads} query heads do not group over {kv_heads} KV heads")
+        kv_head_of = np.arange(heads) // (heads // kv_heads)
+    kv_head_of = np.asarray(kv_head_of)
+    if kv_head_of.shape != (heads,) or kv_head_of.dtype.kind not in "iu" or (
+            heads and not (0 <= kv_head_of.min() and kv_head_of.max() < kv_heads)):
+        raise ValueError(f"kv_head_of must hold one KV head in [0, {kv_heads}) per query head "
+                         f"({heads}), got {kv_head_of!r}")
+    kv_head_of = np.ascontiguousarray(kv_head_of, np.int32)
+    for name, a in (("Q", q), ("K", k), ("V", v)):
+        _c_int(f"{name} size", a.size)
+    scores_shape = (batch, heads, q_len, kv_len)
+    mask_strides = (0, 0, 0, 0)
+    if mask is not None:
+        mask = _f32("mask", mask)
+        if not _broadcasts_to(mask.shape, scores_shape):
+            raise ValueError(f"mask of shape {list(mask.shape)} does not broadcast to "
+                             f"{list(scores_shape)}")
+        mask_strides = tuple(s // 4 for s in np.broadcast_to(mask, scores_shape).strides)
+    per_batch = []
+    for name, values in (("kv_valid", kv_valid), ("q_pos", q_pos)):
+        if values is not None:
+            values = np.ascontiguousarray(values, np.int64).reshape(-1)
+            if values.shape != (batch,):
+                raise ValueError(f"{name} must hold one value per batch ({batch}), got "
+                                 f"{values.size}")
+        per_batch.append(values)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size) if head_size else 1.0
+    y = np.empty((batch, q_len, heads, v_head_size), np.float32)
+    if y.size == 0:
+        return y
+    kv_valid, q_pos = (ffi.NULL if a is None else ffi.from_buffer("int64_t[]", a)
+                       for a in per_batch)
+    status = lib.gqa_f32(
+        _ptr(q), ffi.new("int64_t[3]", q_strides), _ptr(k), _ptr(v), _ptr(y), batch, heads,
+        kv_heads, q_len, _c_int("kv_len", kv_len), head_size, v_head_size,
+        ffi.from_buffer("int32_t[]", kv_head_of), float(scale),
+        ffi.NULL if mask is None else _ptr(mask), _int64x4(mask_strides), kv_valid, q_pos,
+        int(bool(causal)), int(window), int(bool(empty_nan)))
+    if status != 0:
+        raise MemoryError("grouped_attention could not allocate its score buffer")
+    return y
+

@@ -1,0 +1,157 @@
+/* Grouped-query attention (com.microsoft GroupQueryAttention, and the decoder attention that
+ * gqa_fusion finds in exported graphs): query head h reads key/value head kv_head_of[h], so
+ * K and V are read in place, never repeated.  Per unit of work, two GEMMs (scores = Q K^T,
+ * output = P V) with the mask, visible-key window and softmax applied to the score rows in
+ * between.  A decode step (one query row) takes every head of a run that shares a KV head in
+ * one GEMM, so each K and V row is read once per KV head. */
+#include <math.h>
+#include <stdlib.h>
+#include <omp.h>
+
+#include "kernels.h"
+#include "internal.h"
+#include "vmath.h"
+
+enum { GQA_ROWS_PER_BLOCK = 64 };
+
+/* Softmax of row[lo..hi) (mask_row added first when given); the rest of the row's first
+ * `width` entries become 0.  A row that sees no finite score gets zeros, or NaN with
+ * empty_nan (as ONNX Softmax gives over a row of -inf). */
+VECTOR_CLONES
+static void softmax_window(float *row, int64_t lo, int64_t hi, int64_t width,
+                           const float *mask_row, int64_t mask_col_stride, int empty_nan)
+{
+    float m = -INFINITY;
+    if (mask_row != NULL)
+        for (int64_t j = lo; j < hi; ++j) row[j] += mask_row[j * mask_col_stride];
+    for (int64_t j = lo; j < hi; ++j)
+        if (row[j] > m || row[j] != row[j]) m = row[j];
+    for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
+    for (int64_t j = hi > lo ? hi : lo; j < width; ++j) row[j] = 0.0f;
+    if (m == -INFINITY || hi <= lo) {
+        float fill = empty_nan ? NAN : 0.0f;
+        for (int64_t j = lo; j < hi; ++j) row[j] = fill;
+        return;
+    }
+    float total = 0.0f;
+    for (int64_t j = lo; j < hi; ++j)
+        row[j] = vm_exp(row[j] - m);
+    #pragma omp simd reduction(+ : total)
+    for (int64_t j = lo; j < hi; ++j)
+        total += row[j];
+    float inv = 1.0f / total;
+    for (int64_t j = lo; j < hi; ++j) row[j] *= inv;
+}
+
+/* Keys [lo, hi) that query row i of batch b sees. */
+static void visible_keys(int64_t b, int64_t i, int64_t kv_len, const int64_t *kv_valid,
+                         const int64_t *q_pos, int causal, int64_t window, int64_t *lo,
+                         int64_t *hi)
+{
+    int64_t end = kv_valid != NULL ? kv_valid[b] : kv_len;
+    if (end > kv_len) end = kv_len;
+    if (end < 0) end = 0;
+    int64_t pos = (q_pos != NULL ? q_pos[b] : 0) + i, start = 0;
+    if (causal && pos + 1 < end) end = pos + 1 < 0 ? 0 : pos + 1;
+    if (window > 0 && pos - window + 1 > 0) start = pos - window + 1;
+    *lo = start < end ? start : end;
+    *hi = end;
+}
+
+int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const float *v, float *y,
+            int batch, int heads, int kv_heads, int q_len, int kv_len, int head_size,
+            int v_head_size, const int32_t *kv_head_of, float scale, const float *mask,
+            const int64_t *mask_strides, const int64_t *kv_valid, const int64_t *q_pos,
+            int causal, int64_t window, int empty_nan)
+{
+    /* runs of consecutive query heads that share a KV head: one GEMM per run when decoding */
+    int *run_first = malloc(sizeof(int) * (heads > 0 ? heads : 1));
+    int *run_count = malloc(sizeof(int) * (heads > 0 ? heads : 1));
+    if (run_first == NULL || run_count == NULL) {
+        free(run_first);
+        free(run_count);
+        return -1;
+    }
+    int runs = 0;
+    for (int h = 0; h < heads; ++h) {
+        if (q_len == 1 && runs > 0 && kv_head_of[h] == kv_head_of[run_first[runs - 1]]) {
+            run_count[runs - 1] += 1;
+        } else {
+            run_first[runs] = h;
+            run_count[runs] = 1;
+            runs += 1;
+        }
+    }
+    int64_t blocks_per_run = (q_len + GQA_ROWS_PER_BLOCK - 1) / GQA_ROWS_PER_BLOCK;
+    int64_t units = (int64_t)batch * runs * blocks_per_run;
+    size_t work = (size_t)batch * heads * q_len * kv_len * (size_t)(head_size + v_head_size);
+    int threads = threads_for(work / 8);
+    if (threads > units) threads = units > 0 ? (int)units : 1;
+    int64_t max_rows = q_len == 1 ? heads : GQA_ROWS_PER_BLOCK;
+    size_t per_thread = (size_t)max_rows * (kv_len > 0 ? kv_len : 1);
+    float *scratch = malloc(sizeof(float) * per_thread * threads);
+    if (scratch == NULL) {
+        free(run_first);
+        free(run_count);
+        return -1;
+    }
+    int64_t qb_stride = q_strides[0], qh_stride = q_strides[1], qs_stride = q_strides[2];
+    int64_t y_row = (int64_t)heads * v_head_size; /* y is (B, S, N, Hv) */
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+        int64_t b = u / (runs * blocks_per_run), rest = u % (runs * blocks_per_run);
+        int r = (int)(rest / blocks_per_run);
+        int64_t first = (rest % blocks_per_run) * GQA_ROWS_PER_BLOCK;
+        int h0 = run_first[r], kvh = kv_head_of[h0];
+        int rows, lda, ldc;
+        const float *qa;
+        float *out;
+        if (q_len == 1) { /* rows are the run's heads */
+            rows = run_count[r];
+            qa = q + b * qb_stride + h0 * qh_stride;
+            lda = (int)qh_stride;
+            out = y + (size_t)b * y_row + (size_t)h0 * v_head_size;
+            ldc = v_head_size;
+        } else { /* rows are a block of one head's queries */
+            rows = (int)(q_len - first < GQA_ROWS_PER_BLOCK ? q_len - first : GQA_ROWS_PER_BLOCK);
+            qa = q + b * qb_stride + h0 * qh_stride + first * qs_stride;
+            lda = (int)qs_stride;
+            out = y + ((size_t)b * q_len + first) * y_row + (size_t)h0 * v_head_size;
+            ldc = (int)y_row;
+        }
+        const float *kb = k + ((size_t)b * kv_heads + kvh) * kv_len * head_size;
+        const float *vb = v + ((size_t)b * kv_heads + kvh) * kv_len * v_head_size;
+        float *scores = scratch + per_thread * omp_get_thread_num();
+        /* keys past the last one any row of the unit sees take no part */
+        int64_t used = 0;
+        for (int row = 0; row < rows; ++row) {
+            int64_t lo, hi, i = q_len == 1 ? 0 : first + row;
+            visible_keys(b, i, kv_len, kv_valid, q_pos, causal, window, &lo, &hi);
+            if (hi > used) used = hi;
+        }
+        if (used > 0 && head_size > 0)
+            gemm_block(0, 1, rows, (int)used, head_size, scale, qa, lda > 0 ? lda : 1, kb,
+                       head_size, 0.0f, scores, (int)used);
+        else
+            for (size_t j = 0; j < (size_t)rows * used; ++j) scores[j] = 0.0f;
+        for (int row = 0; row < rows; ++row) {
+            int64_t h = q_len == 1 ? h0 + row : h0, i = q_len == 1 ? 0 : first + row, lo, hi;
+            visible_keys(b, i, kv_len, kv_valid, q_pos, causal, window, &lo, &hi);
+            const float *mask_row = NULL;
+            if (mask != NULL)
+                mask_row = mask + b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2];
+            softmax_window(scores + (size_t)row * used, lo, hi, used, mask_row,
+                           mask != NULL ? mask_strides[3] : 0, empty_nan);
+        }
+        if (used > 0 && v_head_size > 0)
+            gemm_block(0, 0, rows, v_head_size, (int)used, 1.0f, scores, (int)used, vb,
+                       v_head_size, 0.0f, out, ldc);
+        else
+            for (int row = 0; row < rows; ++row)
+                for (int d = 0; d < v_head_size; ++d) out[(size_t)row * ldc + d] = 0.0f;
+    }
+    free(scratch);
+    free(run_first);
+    free(run_count);
+    return 0;
+}
