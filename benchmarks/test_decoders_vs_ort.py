@@ -34,6 +34,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,7 +85,7 @@ def as_past(names: list[str], outputs: list) -> dict:
 
 
 # workers ------------------------------------------------------------------------------------
-def session_for(runtime: str, path: str, threads: int):
+def session_for(runtime: str, path: str, threads: int, profile_prefix: str | None = None):
     if runtime == "optimized":
         import optimized as ort
 
@@ -95,6 +98,9 @@ def session_for(runtime: str, path: str, threads: int):
         options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     start = time.perf_counter()
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     return session, {"creation_seconds": time.perf_counter() - start, "version": ort.__version__}
@@ -127,7 +133,49 @@ def workload(runtime: str, directory: str, kind: str, threads: int) -> Workload:
         step()
         return [v.numpy() for v in binding.get_outputs()]
 
-    return Workload(step=step, info=info, commands={"all_outputs": all_outputs})
+    def profile(runs: int = 10) -> dict:
+        return decode_profile(runtime, directory, threads, runs)
+
+    return Workload(step=step, info=info, commands={"all_outputs": all_outputs, "profile": profile})
+
+
+def decode_profile(runtime: str, directory: str, threads: int, runs: int) -> dict:
+    """{op type: {"nodes": node events per step, "us": microseconds per step, "kernels": what
+    ran them}} over `runs` decode steps of a profiling session, after one warm-up step (left
+    out: the first of every step's events in time order). Steps go through run() with NumPy
+    feeds, since optimized profiles run() only."""
+    data = dict(np.load(Path(directory) / "feeds.npz"))
+    feeds = {k[len("decode/"):]: v for k, v in data.items() if k.startswith("decode/")}
+    with tempfile.TemporaryDirectory() as tmp:
+        session, _ = session_for(runtime, str(Path(directory) / "model.onnx"), threads,
+                                 profile_prefix=str(Path(tmp) / "profile"))
+        for _ in range(runs + 1):
+            session.run(None, feeds)
+        with open(session.end_profiling()) as f:
+            events = [e for e in json.load(f) if e.get("cat") == "Node"
+                      and not e.get("name", "").endswith(("_fence_before", "_fence_after"))]
+    events.sort(key=lambda e: e.get("ts", 0))
+    summary: dict = {}
+    for event in events[len(events) // (runs + 1):]:
+        args = event.get("args", {})
+        row = summary.setdefault(args.get("op_name", "?"), {"nodes": 0.0, "us": 0.0, "kernels": []})
+        row["nodes"] += 1 / runs
+        row["us"] += event.get("dur", 0) / runs
+        kernel = args.get("kernel", args.get("provider", ""))
+        if kernel not in row["kernels"]:
+            row["kernels"].append(kernel)
+    return summary
+
+
+def format_profile(summary: dict, top: int = 15) -> str:
+    total = sum(v["us"] for v in summary.values()) or 1.0
+    lines = [f"  {'op':<24} {'nodes':>6} {'us/step':>9} {'share':>6}  kernels"]
+    for op, v in sorted(summary.items(), key=lambda kv: -kv[1]["us"])[:top]:
+        lines.append(f"  {op:<24} {v['nodes']:>6.0f} {v['us']:>9.0f} {v['us'] / total:>6.1%}  "
+                     f"{','.join(v['kernels'])}")
+    lines.append(f"  {'all node events':<24} {sum(v['nodes'] for v in summary.values()):>6.0f} "
+                 f"{total:>9.0f}")
+    return "\n".join(lines)
 
 
 # the test's process ---------------------------------------------------------------------------
@@ -150,7 +198,15 @@ def prepared(name: str, directory: str) -> dict:
              **{f"prefill/{k}": v for k, v in feeds.items()},
              **{f"decode/{k}": v for k, v in decode_feeds.items()})
     return {"prefill": prefill, "decode": decode, "weight_bytes": decoders.weight_bytes(model),
-            "nodes": len(model.graph.node), "generate": reference_tokens(evaluator, model, prompt)}
+            "nodes": len(model.graph.node), "model": model, "prompt": prompt}
+
+
+@functools.cache
+def reference_generation(name: str, directory: str) -> list[int]:
+    from reference import ReferenceEvaluator
+
+    files = prepared(name, directory)
+    return reference_tokens(ReferenceEvaluator(files["model"]), files["model"], files["prompt"])
 
 
 def reference_tokens(evaluator, model, prompt: np.ndarray) -> list[int]:
@@ -209,7 +265,8 @@ def test_decoder(benchmark, directories, name, kind, threads):
         for runtime in pair.names:
             got = (pair.command(runtime, "all_outputs") if kind == "decode"
                    else pair.outputs(runtime))
-            check(runtime, kind, expected[kind], got)
+            check(runtime, kind, reference_generation(name, directories[name])
+                  if kind == "generate" else expected[kind], got)
         pair.alternation_step(iterations)  # warm-up, not kept
         times: dict[str, list[float]] = {}
         benchmark.pedantic(pair.alternation_step, kwargs={"iterations": iterations, "into": times},
@@ -219,3 +276,26 @@ def test_decoder(benchmark, directories, name, kind, threads):
                                     expected["weight_bytes"]) for runtime in pair.names}
     medians = {r: v["median"] for r, v in benchmark.extra_info["runtimes"].items()}
     benchmark.extra_info["optimized_over_onnxruntime"] = medians["optimized"] / medians["onnxruntime"]
+
+
+def main(argv: list[str]) -> int:
+    """python -m benchmarks.test_decoders_vs_ort MODEL THREADS [RUNS]: where a decode step's time
+    goes in each runtime (each in its own process), by op type."""
+    if len(argv) not in (2, 3):
+        print("usage: python -m benchmarks.test_decoders_vs_ort MODEL THREADS [RUNS]", file=sys.stderr)
+        return 2
+    name, threads, runs = argv[0], int(argv[1]), int(argv[2]) if len(argv) == 3 else 10
+    with tempfile.TemporaryDirectory() as directory:
+        expected = prepared(name, directory)
+        specs = [WorkerSpec(runtime, f"{HERE}:workload", (runtime, directory, "decode", threads))
+                 for runtime in ("optimized", "onnxruntime")]
+        with IsolatedPair(specs) as pair:
+            for runtime in pair.names:
+                print(f"{runtime}: {name} decode step after {PROMPT} tokens, {threads} thread(s), "
+                      f"{expected['nodes']} nodes in the model, mean of {runs} steps")
+                print(format_profile(pair.command(runtime, "profile", runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
