@@ -77,14 +77,14 @@ enum { CHUNK = 4096 };
 void activation_f32(const float *x, float *y, size_t n, int act, float alpha, float beta)
 {
     size_t chunks = (n + CHUNK - 1) / CHUNK;
-    #pragma omp parallel for num_threads(threads_for(n)) schedule(static)
-    for (size_t c = 0; c < chunks; ++c) {
-        size_t start = c * CHUNK, len = (n - start < CHUNK) ? n - start : CHUNK;
-        if (x != y)
-            for (size_t i = 0; i < len; ++i)
-                y[start + i] = x[start + i];
-        activate_inplace(y + start, len, act, alpha, beta);
-    }
+    PARALLEL_FOR(threads_for(n),
+        for (size_t c = 0; c < chunks; ++c) {
+            size_t start = c * CHUNK, len = (n - start < CHUNK) ? n - start : CHUNK;
+            if (x != y)
+                for (size_t i = 0; i < len; ++i)
+                    y[start + i] = x[start + i];
+            activate_inplace(y + start, len, act, alpha, beta);
+        });
 }
 
 /* NaN-propagating max and min, as numpy's maximum/minimum and ONNX Max/Min. */
@@ -130,18 +130,18 @@ void binary_f32(int op, const float *a, const int64_t *a_strides, const float *b
     /* tasks: CHUNK-long pieces of each innermost row, so one long row still splits */
     int64_t rows = shape[0] * shape[1] * shape[2], n = shape[3];
     int64_t pieces = (n + CHUNK - 1) / CHUNK, tasks = rows * pieces;
-    #pragma omp parallel for num_threads(threads_for((size_t)(rows * n))) schedule(static)
-    for (int64_t t = 0; t < tasks; ++t) {
-        int64_t r = t / pieces, start = (t % pieces) * CHUNK;
-        int64_t len = n - start < CHUNK ? n - start : CHUNK;
-        int64_t i0 = r / (shape[1] * shape[2]), i1 = (r / shape[2]) % shape[1], i2 = r % shape[2];
-        const float *ar = a + i0 * a_strides[0] + i1 * a_strides[1] + i2 * a_strides[2];
-        const float *br = b + i0 * b_strides[0] + i1 * b_strides[1] + i2 * b_strides[2];
-        float *yr = y + r * n + start;
-        binary_row(op, ar + start * a_strides[3], a_strides[3], br + start * b_strides[3],
-                   b_strides[3], yr, len);
-        activate_inplace(yr, (size_t)len, act, alpha, beta);
-    }
+    PARALLEL_FOR(threads_for((size_t)(rows * n)),
+        for (int64_t t = 0; t < tasks; ++t) {
+            int64_t r = t / pieces, start = (t % pieces) * CHUNK;
+            int64_t len = n - start < CHUNK ? n - start : CHUNK;
+            int64_t i0 = r / (shape[1] * shape[2]), i1 = (r / shape[2]) % shape[1], i2 = r % shape[2];
+            const float *ar = a + i0 * a_strides[0] + i1 * a_strides[1] + i2 * a_strides[2];
+            const float *br = b + i0 * b_strides[0] + i1 * b_strides[1] + i2 * b_strides[2];
+            float *yr = y + r * n + start;
+            binary_row(op, ar + start * a_strides[3], a_strides[3], br + start * b_strides[3],
+                       b_strides[3], yr, len);
+            activate_inplace(yr, (size_t)len, act, alpha, beta);
+        });
 }
 
 enum { CHAIN_BLOCK = 1024 };
@@ -177,20 +177,20 @@ void chain_f32(const float *x, float *y, int64_t n, int n_ops, const int32_t *op
 {
     int64_t blocks = (n + CHAIN_BLOCK - 1) / CHAIN_BLOCK;
     size_t work = (size_t)n * (size_t)(n_ops > 0 ? n_ops : 1);
-    #pragma omp parallel for num_threads(threads_for(work)) schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        int64_t start = blk * CHAIN_BLOCK, len = n - start < CHAIN_BLOCK ? n - start : CHAIN_BLOCK;
-        float *acc = y + start; /* the block is worked in place in y, still in cache */
-        if (acc != x + start)
-            for (int64_t i = 0; i < len; ++i) acc[i] = x[start + i];
-        for (int k = 0; k < n_ops; ++k) {
-            const int32_t *op = ops + 3 * k;
-            if (op[0] == CHAIN_ACTIVATION) {
-                activate_inplace(acc, (size_t)len, op[1], params[2 * k], params[2 * k + 1]);
-                continue;
+    PARALLEL_FOR(threads_for(work),
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+            int64_t start = blk * CHAIN_BLOCK, len = n - start < CHAIN_BLOCK ? n - start : CHAIN_BLOCK;
+            float *acc = y + start; /* the block is worked in place in y, still in cache */
+            if (acc != x + start)
+                for (int64_t i = 0; i < len; ++i) acc[i] = x[start + i];
+            for (int k = 0; k < n_ops; ++k) {
+                const int32_t *op = ops + 3 * k;
+                if (op[0] == CHAIN_ACTIVATION) {
+                    activate_inplace(acc, (size_t)len, op[1], params[2 * k], params[2 * k + 1]);
+                    continue;
+                }
+                chain_binary(op[1], op[2], acc, len, start, sides[k], geometry[2 * k],
+                             geometry[2 * k + 1]);
             }
-            chain_binary(op[1], op[2], acc, len, start, sides[k], geometry[2 * k],
-                         geometry[2 * k + 1]);
-        }
-    }
+        });
 }

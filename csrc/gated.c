@@ -15,7 +15,7 @@ static void silu_mul_row(const float *gate, const float *up, float *y, size_t co
 void silu_mul_f32(const float *gate, const float *up, float *y, size_t rows, size_t cols,
                   size_t in_stride)
 {
-    #pragma omp parallel for num_threads(threads_for(rows * cols)) schedule(static)
-    for (size_t r = 0; r < rows; ++r)
-        silu_mul_row(gate + r * in_stride, up + r * in_stride, y + r * cols, cols);
+    PARALLEL_FOR(threads_for(rows * cols),
+        for (size_t r = 0; r < rows; ++r)
+            silu_mul_row(gate + r * in_stride, up + r * in_stride, y + r * cols, cols););
 }

@@ -77,15 +77,15 @@ void gemm_parallel(int trans_a, int trans_b, int m, int n, int k, float alpha, c
 static void fill_scaled_c(float *y, int m, int n, float beta, const float *c, int64_t rs,
                           int64_t cs)
 {
-    #pragma omp parallel for num_threads(threads_for((size_t)m * n)) schedule(static)
-    for (int64_t i = 0; i < m; ++i) {
-        float *row = y + (size_t)i * n;
-        const float *crow = c + i * rs;
-        if (cs == 1)
-            for (int64_t j = 0; j < n; ++j) row[j] = beta * crow[j];
-        else
-            for (int64_t j = 0; j < n; ++j) row[j] = beta * crow[j * cs];
-    }
+    PARALLEL_FOR(threads_for((size_t)m * n),
+        for (int64_t i = 0; i < m; ++i) {
+            float *row = y + (size_t)i * n;
+            const float *crow = c + i * rs;
+            if (cs == 1)
+                for (int64_t j = 0; j < n; ++j) row[j] = beta * crow[j];
+            else
+                for (int64_t j = 0; j < n; ++j) row[j] = beta * crow[j * cs];
+        });
 }
 
 void gemm_f32(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
@@ -124,10 +124,10 @@ void gemm_batched_f32(int trans_a, int trans_b, int batch, int m, int n, int k, 
     if (per_product < threads && batch > 1) {
         double useful = (double)batch * m * n * k / MIN_FLOPS_PER_THREAD;
         int outer = useful < 1.0 ? 1 : useful < threads ? (int)useful : threads;
-        #pragma omp parallel for num_threads(outer) schedule(static)
-        for (int64_t i = 0; i < batch; ++i)
-            gemm_block(trans_a, trans_b, m, n, k, alpha, a + i * a_batch_stride, lda,
-                       b + i * b_batch_stride, ldb, 0.0f, y + i * y_stride, n);
+        PARALLEL_FOR(outer,
+            for (int64_t i = 0; i < batch; ++i)
+                gemm_block(trans_a, trans_b, m, n, k, alpha, a + i * a_batch_stride, lda,
+                           b + i * b_batch_stride, ldb, 0.0f, y + i * y_stride, n););
         return;
     }
     for (int64_t i = 0; i < batch; ++i)

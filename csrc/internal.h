@@ -16,6 +16,22 @@
  * than it saves. */
 int threads_for(size_t work);
 
+/* PARALLEL_FOR(threads, for (...) body): the loop split statically across `threads` OpenMP
+ * threads, or run on the calling thread without entering OpenMP when threads is 1.  Entering
+ * a parallel region costs about 0.4 us even for a team of one, more than a small kernel's whole
+ * work (a plan's step table runs many of those back to back).  The body may not hold a
+ * #pragma line (write _Pragma("...") instead). */
+#define PARALLEL_FOR(threads, ...)                                                         \
+    do {                                                                                   \
+        int parallel_for_threads_ = (threads);                                             \
+        if (parallel_for_threads_ > 1) {                                                   \
+            _Pragma("omp parallel for num_threads(parallel_for_threads_) schedule(static)") \
+            __VA_ARGS__                                                                    \
+        } else {                                                                           \
+            __VA_ARGS__                                                                    \
+        }                                                                                  \
+    } while (0)
+
 /* Row-major C = alpha * op(A) op(B) + beta * C on the calling thread (M=1 or N=1: GEMV). */
 void gemm_block(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                 int lda, const float *b, int ldb, float beta, float *c, int ldc);

@@ -32,9 +32,9 @@ void rmsnorm_last_f32(const float *x, const float *skip, const float *bias, cons
                       float *y, float *sum, float *inv_rms, size_t rows, size_t cols,
                       float epsilon)
 {
-    #pragma omp parallel for num_threads(threads_for(rows * cols)) schedule(static)
-    for (size_t r = 0; r < rows; ++r)
-        rms_row(x + r * cols, skip != NULL ? skip + r * cols : NULL, bias, scale, y + r * cols,
-                sum != NULL ? sum + r * cols : NULL, inv_rms != NULL ? inv_rms + r : NULL, cols,
-                epsilon);
+    PARALLEL_FOR(threads_for(rows * cols),
+        for (size_t r = 0; r < rows; ++r)
+            rms_row(x + r * cols, skip != NULL ? skip + r * cols : NULL, bias, scale, y + r * cols,
+                    sum != NULL ? sum + r * cols : NULL, inv_rms != NULL ? inv_rms + r : NULL, cols,
+                    epsilon););
 }

@@ -22,51 +22,51 @@ static float row_reduce(int kind, const float *x, size_t cols)
 
 void reduce_last_f32(int kind, const float *x, float *y, size_t rows, size_t cols)
 {
-    #pragma omp parallel for num_threads(threads_for(rows * cols)) schedule(static)
-    for (size_t r = 0; r < rows; ++r)
-        y[r] = row_reduce(kind, x + r * cols, cols);
+    PARALLEL_FOR(threads_for(rows * cols),
+        for (size_t r = 0; r < rows; ++r)
+            y[r] = row_reduce(kind, x + r * cols, cols););
 }
 
 VECTOR_CLONES
 void softmax_last_f32(const float *x, float *y, size_t rows, size_t cols)
 {
-    #pragma omp parallel for num_threads(threads_for(rows * cols)) schedule(static)
-    for (size_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * cols;
-        float *yr = y + r * cols;
-        float m = row_reduce(RED_MAX, xr, cols);
-        for (size_t j = 0; j < cols; ++j)
-            yr[j] = vm_exp(xr[j] - m);
-        float s = 0.0f;
-        #pragma omp simd reduction(+ : s)
-        for (size_t j = 0; j < cols; ++j)
-            s += yr[j];
-        float inv = 1.0f / s;
-        for (size_t j = 0; j < cols; ++j) yr[j] *= inv;
-    }
+    PARALLEL_FOR(threads_for(rows * cols),
+        for (size_t r = 0; r < rows; ++r) {
+            const float *xr = x + r * cols;
+            float *yr = y + r * cols;
+            float m = row_reduce(RED_MAX, xr, cols);
+            for (size_t j = 0; j < cols; ++j)
+                yr[j] = vm_exp(xr[j] - m);
+            float s = 0.0f;
+            _Pragma("omp simd reduction(+ : s)")
+            for (size_t j = 0; j < cols; ++j)
+                s += yr[j];
+            float inv = 1.0f / s;
+            for (size_t j = 0; j < cols; ++j) yr[j] *= inv;
+        });
 }
 
 void layernorm_last_f32(const float *x, const float *scale, const float *bias, float *y,
                         float *mean, float *inv_std, size_t rows, size_t cols, float epsilon)
 {
-    #pragma omp parallel for num_threads(threads_for(rows * cols)) schedule(static)
-    for (size_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * cols;
-        float *yr = y + r * cols;
-        double s = 0.0, ss = 0.0;
-        for (size_t j = 0; j < cols; ++j) s += xr[j];
-        double mu = s / (double)cols;
-        for (size_t j = 0; j < cols; ++j) {
-            double d = xr[j] - mu;
-            ss += d * d;
-        }
-        float m = (float)mu;
-        float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)epsilon));
-        for (size_t j = 0; j < cols; ++j) {
-            float v = (xr[j] - m) * inv * scale[j];
-            yr[j] = bias != NULL ? v + bias[j] : v;
-        }
-        if (mean != NULL) mean[r] = m;
-        if (inv_std != NULL) inv_std[r] = inv;
-    }
+    PARALLEL_FOR(threads_for(rows * cols),
+        for (size_t r = 0; r < rows; ++r) {
+            const float *xr = x + r * cols;
+            float *yr = y + r * cols;
+            double s = 0.0, ss = 0.0;
+            for (size_t j = 0; j < cols; ++j) s += xr[j];
+            double mu = s / (double)cols;
+            for (size_t j = 0; j < cols; ++j) {
+                double d = xr[j] - mu;
+                ss += d * d;
+            }
+            float m = (float)mu;
+            float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)epsilon));
+            for (size_t j = 0; j < cols; ++j) {
+                float v = (xr[j] - m) * inv * scale[j];
+                yr[j] = bias != NULL ? v + bias[j] : v;
+            }
+            if (mean != NULL) mean[r] = m;
+            if (inv_std != NULL) inv_std[r] = inv;
+        });
 }
