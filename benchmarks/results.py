@@ -77,6 +77,10 @@ def header(report: dict, command: str) -> str:
                        for b in report.get("benchmarks", [])
                        if "onnxruntime_version" in b.get("extra_info", {})})
     commits = report.get("commits") or [commit_text(report)]
+    loads = [b["extra_info"][k] for b in report.get("benchmarks", [])
+             for k in ("load_average_before", "load_average_after") if k in b.get("extra_info", {})]
+    load = (f"; 1-minute load average {min(loads):.1f} to {max(loads):.1f} during the run"
+            if loads else "")
     return "\n".join([
         "# optimized vs onnxruntime",
         "",
@@ -85,7 +89,7 @@ def header(report: dict, command: str) -> str:
         (f"- Machine: {cpu_name}, {cpu.get('count', '?')} logical cores, "
          f"{machine.get('system', '')} {machine.get('release', '')}; Python "
          f"{machine.get('python_version', '?')}"
-         + "".join(f", onnxruntime {v}" for v in versions)),
+         + "".join(f", onnxruntime {v}" for v in versions) + load),
         f"- Command: `{command}`",
         ("- Each runtime runs in its own process (benchmarks/isolated.py); rounds alternate "
          "between them. Run times are the **median** over the rounds of the seconds per call "

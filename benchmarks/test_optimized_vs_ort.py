@@ -16,7 +16,8 @@ worker, so the messages between the processes are not timed.
 What lands in --benchmark-json: pytest-benchmark times each call of
 `IsolatedPair.alternation_step`, i.e. one round of every runtime plus the messages; that is
 the `stats` of the benchmark and is not a comparison figure. The comparison is in `extra_info`:
-`runtimes[<runtime>]` holds pytest-benchmark's Stats fields (median, min, max, mean, stddev,
+`load_average_before`/`_after` are the machine's 1-minute load average around the test (this
+machine has 2 cores shared with other work). `runtimes[<runtime>]` holds pytest-benchmark's Stats fields (median, min, max, mean, stddev,
 iqr, ...) over the worker-measured seconds per call, one value per round, the raw values
 (`data`), and the session-creation times. benchmarks/results.py reads those.
 
@@ -39,6 +40,7 @@ here, which no relative tolerance covers. A wrong kernel misses by far more than
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -109,7 +111,8 @@ def compare(benchmark, name: str, threads: int, in_process: bool) -> None:
     iterations, rounds = ITERATIONS.get(name, 1), rounds_for(name)
     benchmark.group = f"{name}-t{threads}" + ("-shared-process" if in_process else "")
     benchmark.extra_info.update(model=name, threads=threads, iterations=iterations,
-                                process="shared" if in_process else "isolated")
+                                process="shared" if in_process else "isolated",
+                                load_average_before=os.getloadavg()[0])
     with IsolatedPair(specs_for(name, threads), in_process=in_process) as pair:
         for runtime in pair.names:
             check_close(name, runtime, expected, pair.outputs(runtime))
@@ -120,6 +123,7 @@ def compare(benchmark, name: str, threads: int, in_process: bool) -> None:
         benchmark.extra_info["runtimes"] = {
             runtime: runtime_record(pair.info(runtime), times[runtime]) for runtime in pair.names}
         benchmark.extra_info["onnxruntime_version"] = pair.info("onnxruntime")["version"]
+        benchmark.extra_info["load_average_after"] = os.getloadavg()[0]
 
 
 @pytest.mark.parametrize("threads", THREADS, ids=lambda n: f"t{n}")
