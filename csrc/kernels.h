@@ -157,3 +157,43 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
             int v_head_size, const int32_t *kv_head_of, float scale, const float *mask,
             const int64_t *mask_strides, const int64_t *kv_valid, const int64_t *q_pos,
             int causal, int64_t window, int empty_nan);
+
+/* The plan's step table (csrc/plan.c).  One step is one kernel call, its buffers named by slot
+ * (in/out: indices into the slots table, -1 for none); the other fields hold the kernel's
+ * arguments as optimized/kernels.py works them out:
+ *   PLAN_ACTIVATION   activation_f32: n[0] size, code act, f[0..1] alpha, beta
+ *   PLAN_BINARY       binary_f32: code op, g[0..3] shape, g[4..7] a strides, g[8..11] b strides,
+ *                     act with f[0..1]
+ *   PLAN_GEMM         gemm_f32: flags bit 0 trans_a, bit 1 trans_b, n[0..2] m, n, k, f[0] alpha,
+ *                     f[1] beta, in[2] c with strides g[0..1], act with f[2..3]
+ *   PLAN_MATMUL       gemm_batched_f32: flags as PLAN_GEMM, n[0..3] m, n, k, batch, f[0] alpha,
+ *                     g[0..1] batch strides of a and b
+ *   PLAN_SOFTMAX      softmax_last_f32: n[0] rows, n[1] cols
+ *   PLAN_LAYERNORM    layernorm_last_f32: in scale, bias; out y, mean, inv_std; n rows, cols;
+ *                     f[0] epsilon
+ *   PLAN_RMSNORM      rmsnorm_last_f32: in x, skip, bias, scale; out y, sum, inv_rms; n rows,
+ *                     cols; f[0] epsilon
+ *   PLAN_SILU_MUL     silu_mul_f32 of two arrays: n[0] rows, n[1] cols
+ *   PLAN_REDUCE_LAST  reduce_last_f32: code kind, n[0] rows, n[1] cols
+ *   PLAN_COPY         n[0] bytes from in[0] to out[0] (no overlap)
+ *   PLAN_STRIDED_COPY out[0] (contiguous) = in[0][n[0] + sum i_d * g[6 + d]] over shape g[0..5],
+ *                     elements of n[1] bytes
+ *   PLAN_GATHER       rows of in[0] (n[0] blocks of n[1] rows of n[3] bytes) picked by the n[2]
+ *                     int64 indices in in[1]; fails on an index out of range */
+enum plan_kind {
+    PLAN_ACTIVATION = 0, PLAN_BINARY = 1, PLAN_GEMM = 2, PLAN_MATMUL = 3, PLAN_SOFTMAX = 4,
+    PLAN_LAYERNORM = 5, PLAN_RMSNORM = 6, PLAN_SILU_MUL = 7, PLAN_REDUCE_LAST = 8,
+    PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11
+};
+typedef struct {
+    int32_t kind, code, act, flags;
+    int32_t in[4];
+    int32_t out[3];
+    float f[4];
+    int64_t n[4];
+    int64_t g[12];
+} plan_step;
+
+/* Runs steps[0..count) in order.  Returns -1, or the index of the step that failed (its
+ * kernel ran out of memory or refused its input) with the steps before it done. */
+int64_t plan_run(const plan_step *steps, int64_t count, void *const *slots);

@@ -17,6 +17,7 @@ from reference.registry import lookup
 
 from . import kernels
 from .passes.silu_mlp_fusion import FUSED_DOMAIN, SILU_MUL
+from .plan import ALIAS
 
 MS = "com.microsoft"
 
@@ -317,3 +318,240 @@ def _numpy_blas():
     import threadpoolctl
 
     return threadpoolctl.ThreadpoolController().select(user_api="blas")
+
+
+# the plan's step table ----------------------------------------------------------------------
+# C_STEPS[(domain, op_type)](ins, outs, **attrs) describes a node, for one input signature, as
+# steps of csrc/plan.c that make the same kernel calls its fast kernel above would make (or, for
+# the view ops, that produce the reference op's exact result): a list of kernels.*_step dicts,
+# plan.ALIAS (the output is the input seen with the output's shape), or None where the kernel would
+# return NotImplemented or the plan cannot take the node.  ins and outs are plan.Operands (None for
+# an omitted optional one); shapes and dtypes are those of a run the plan recorded.
+
+F32 = np.dtype(np.float32)
+
+
+def _float32(ins, outs) -> bool:
+    return all(x is None or x.dtype == F32 for x in list(ins) + list(outs))
+
+
+def _described(fn):
+    """fn's steps, or None where the kernel refuses (ValueError/TypeError) or a dtype is not
+    float32, as float32_only does."""
+    @functools.wraps(fn)
+    def describe(ins, outs, **attrs):
+        if not _float32(ins, outs) or not outs or outs[0] is None:
+            return None
+        try:
+            steps = fn(ins, outs, **attrs)
+        except (ValueError, TypeError):
+            return None
+        return steps
+
+    return describe
+
+
+def _binary_steps(op):
+    @_described
+    def describe(ins, outs, **attrs):
+        a, b = ins[:2]
+        if "broadcast" in attrs and (attrs["broadcast"] or a.shape != b.shape):
+            return None
+        return [kernels.binary_step(op, a.slot, a.shape, b.slot, b.shape, outs[0].slot)]
+
+    return describe
+
+
+def _activation_steps(name, *param_names):
+    @_described
+    def describe(ins, outs, **attrs):
+        params = [attrs[p] for p in param_names if p in attrs]
+        return [kernels.activation_step(name, params, ins[0].slot, outs[0].slot, ins[0].shape)]
+
+    return describe
+
+
+@_described
+def _gelu_steps(ins, outs, *, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        return None
+    name = "Gelu" if approximate == "none" else "GeluTanh"
+    return [kernels.activation_step(name, (), ins[0].slot, outs[0].slot, ins[0].shape)]
+
+
+@_described
+def _ms_gelu_steps(ins, outs):
+    return [kernels.activation_step("Gelu", (), ins[0].slot, outs[0].slot, ins[0].shape)]
+
+
+@_described
+def _gemm_steps(ins, outs, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation=None,
+                activation_alpha=None, activation_beta=None, **legacy):
+    if legacy:
+        return None
+    a, b = ins[:2]
+    c = ins[2] if len(ins) > 2 else None
+    params = [p for p in (activation_alpha, activation_beta) if p is not None]
+    return [kernels.gemm_step(a.slot, a.shape, b.slot, b.shape, -1 if c is None else c.slot,
+                              None if c is None else c.shape, outs[0].slot, alpha=alpha,
+                              beta=beta, trans_a=bool(transA), trans_b=bool(transB),
+                              activation=activation, activation_params=params)]
+
+
+@_described
+def _matmul_steps(ins, outs, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
+    if transBatchA or transBatchB:
+        return None
+    a, b = ins[:2]
+    return [kernels.matmul_step(a.slot, a.shape, b.slot, b.shape, outs[0].slot, alpha=alpha,
+                                trans_a=bool(transA), trans_b=bool(transB))]
+
+
+@_described
+def _softmax_steps(ins, outs, *, axis=-1):
+    x = ins[0]
+    if axis not in (-1, len(x.shape) - 1):
+        return None
+    return [kernels.softmax_step(x.slot, outs[0].slot, x.shape)]
+
+
+@_described
+def _layer_norm_steps(ins, outs, *, axis=-1, epsilon=1e-5, stash_type=1):
+    x, scale = ins[:2]
+    bias = ins[2] if len(ins) > 2 else None
+    if axis not in (-1, len(x.shape) - 1) or len(outs) > 1:
+        return None
+    return [kernels.layer_norm_step(x.slot, x.shape, scale.slot, scale.shape,
+                                    -1 if bias is None else bias.slot,
+                                    None if bias is None else bias.shape, outs[0].slot,
+                                    epsilon=epsilon)]
+
+
+def _rms_shape(x, scale, axis):
+    """(rows, cols) of _rms_rows's reshape, or None."""
+    axis = axis + len(x.shape) if axis < 0 else axis
+    if not 0 <= axis < len(x.shape):
+        return None
+    normalized = x.shape[axis:]
+    shape = list(scale.shape)
+    while len(shape) > len(normalized) and shape[0] == 1:
+        shape.pop(0)
+    if tuple(shape) != normalized:
+        return None
+    return x.shape[:axis] + (int(np.prod(normalized)),)
+
+
+@_described
+def _rms_norm_steps(ins, outs, *, axis=-1, epsilon=1e-5, stash_type=1):
+    x, scale = ins[:2]
+    rows = _rms_shape(x, scale, axis)
+    if rows is None or stash_type != 1 or (len(outs) > 1 and any(o is not None for o in outs[1:])):
+        return None
+    return [kernels.rms_norm_step(x.slot, rows, scale.slot, (int(np.prod(scale.shape)),),
+                                  outs[0].slot, epsilon=epsilon)]
+
+
+@_described
+def _skip_rms_norm_steps(ins, outs, *, epsilon=1e-12):
+    x, skip, gamma = ins[:3]
+    bias = ins[3] if len(ins) > 3 else None
+    if skip.shape != x.shape or len(x.shape) < 1 or len(outs) > 1:
+        return None
+    return [kernels.rms_norm_step(x.slot, x.shape, gamma.slot, gamma.shape, outs[0].slot,
+                                  skip=skip.slot, skip_shape=skip.shape,
+                                  bias=-1 if bias is None else bias.slot,
+                                  bias_shape=None if bias is None else bias.shape,
+                                  epsilon=epsilon)]
+
+
+@_described
+def _silu_mul_steps(ins, outs):
+    gate, up = ins[:2]
+    if gate.shape != up.shape:
+        return None
+    return [kernels.silu_mul_step(gate.slot, up.slot, outs[0].slot, gate.shape)]
+
+
+def _plain(x) -> bool:
+    """A tensor of fixed-size elements (not strings or objects)."""
+    return x is not None and x.dtype.kind in "biufc"
+
+
+def _view_steps(*shape_inputs):
+    """Reshape, Flatten, Squeeze, Unsqueeze, Identity: the output is the input's data, seen
+    with the output's recorded shape, when the inputs that decide that shape are known."""
+    def describe(ins, outs, **attrs):
+        x, y = ins[0], outs[0] if outs else None
+        if not _plain(x) or y is None or y.dtype != x.dtype or np.prod(y.shape) != np.prod(x.shape):
+            return None
+        if any(k < len(ins) and ins[k] is not None and ins[k].value is None for k in shape_inputs):
+            return None
+        return ALIAS
+
+    return describe
+
+
+def _transpose_steps(ins, outs, *, perm=None):
+    x, y = ins[0], outs[0] if outs else None
+    if not _plain(x) or y is None or y.dtype != x.dtype:
+        return None
+    perm = list(range(len(x.shape)))[::-1] if perm is None else [int(p) for p in perm]
+    strides = [int(np.prod(x.shape[d + 1:])) for d in range(len(x.shape))]
+    shape = tuple(x.shape[p] for p in perm)
+    if shape != y.shape:
+        return None
+    try:
+        return [kernels.strided_copy_step(x.slot, y.slot, shape, [strides[p] for p in perm], 0,
+                                          x.dtype.itemsize)]
+    except ValueError:
+        return None
+
+
+def _gather_steps(ins, outs, *, axis=0):
+    data, indices = ins[:2]
+    y = outs[0] if outs else None
+    if not _plain(data) or indices.dtype != np.int64 or y is None or y.dtype != data.dtype:
+        return None
+    axis = axis + len(data.shape) if axis < 0 else axis
+    if not 0 <= axis < len(data.shape):
+        return None
+    shape = data.shape[:axis] + indices.shape + data.shape[axis + 1:]
+    if shape != y.shape:
+        return None
+    try:
+        return [kernels.gather_step(data.slot, data.shape, data.dtype.itemsize, indices.slot,
+                                    int(np.prod(indices.shape)), y.slot, axis)]
+    except ValueError:
+        return None
+
+
+C_STEPS = {
+    ("", "Add"): _binary_steps("Add"),
+    ("", "Sub"): _binary_steps("Sub"),
+    ("", "Mul"): _binary_steps("Mul"),
+    ("", "Div"): _binary_steps("Div"),
+    ("", "Relu"): _activation_steps("Relu"),
+    ("", "Sigmoid"): _activation_steps("Sigmoid"),
+    ("", "Tanh"): _activation_steps("Tanh"),
+    ("", "LeakyRelu"): _activation_steps("LeakyRelu", "alpha"),
+    ("", "Gelu"): _gelu_steps,
+    (MS, "Gelu"): _ms_gelu_steps,
+    ("", "Gemm"): _gemm_steps,
+    (MS, "FusedGemm"): _gemm_steps,
+    ("", "MatMul"): _matmul_steps,
+    (MS, "FusedMatMul"): _matmul_steps,
+    ("", "Softmax"): _softmax_steps,
+    ("", "LayerNormalization"): _layer_norm_steps,
+    ("", "RMSNormalization"): _rms_norm_steps,
+    ("", "SimplifiedLayerNormalization"): _rms_norm_steps,
+    (MS, "SimplifiedLayerNormalization"): _rms_norm_steps,
+    (MS, "SkipSimplifiedLayerNormalization"): _skip_rms_norm_steps,
+    (FUSED_DOMAIN, SILU_MUL): _silu_mul_steps,
+    ("", "Reshape"): _view_steps(1),
+    ("", "Flatten"): _view_steps(),
+    ("", "Squeeze"): _view_steps(1),
+    ("", "Unsqueeze"): _view_steps(1),
+    ("", "Identity"): _view_steps(),
+    ("", "Transpose"): _transpose_steps,
+    ("", "Gather"): _gather_steps,
+}

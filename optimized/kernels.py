@@ -905,3 +905,204 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_head_of=No
         raise MemoryError("grouped_attention could not allocate its score buffer")
     return y
 
+
+
+# --- the plan's step table (csrc/plan.c) ---------------------------------------------------
+# Each *_step function below returns one plan_step (a dict of its fields) that makes the same
+# kernel call, with the same arguments, as the wrapper of the same name would for arrays of
+# the given shapes, all float32 and C-contiguous; ValueError where that wrapper would refuse
+# them, or would call no kernel at all (an empty result).  Buffers are named by slot numbers.
+
+def _step(kind, ins=(), outs=(), **fields) -> dict:
+    ins, outs = list(ins) + [-1] * (4 - len(ins)), list(outs) + [-1] * (3 - len(outs))
+    return {"kind": kind, "in": ins, "out": outs, **fields}
+
+
+def _nonempty(shape) -> None:
+    if math.prod(shape) == 0:
+        raise ValueError(f"an empty result {list(shape)} calls no kernel")
+
+
+def activation_step(name: str, params, x: int, y: int, shape) -> dict:
+    code, alpha, beta = _activation(name, tuple(params))
+    _nonempty(shape)
+    return _step(lib.PLAN_ACTIVATION, [x], [y], code=code, n=[math.prod(shape), 0, 0, 0],
+                 f=[alpha, beta, 0.0, 0.0])
+
+
+def binary_step(op: str, a: int, a_shape, b: int, b_shape, y: int) -> dict:
+    if op not in BINARY_OPS:
+        raise ValueError(f"unknown binary op {op!r}; expected one of {sorted(BINARY_OPS)}")
+    shape, dims, sa, sb = _binary_geometry(op, tuple(a_shape), tuple(b_shape))
+    _nonempty(shape)
+    return _step(lib.PLAN_BINARY, [a, b], [y], code=BINARY_OPS[op], act=lib.ACT_NONE,
+                 g=list(dims) + list(sa) + list(sb))
+
+
+def gemm_step(a: int, a_shape, b: int, b_shape, c: int, c_shape, y: int, *, alpha=1.0,
+              beta=1.0, trans_a=False, trans_b=False, activation=None,
+              activation_params=()) -> dict:
+    """As gemm(); c is -1 (and c_shape None) without a C input."""
+    code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
+    if len(a_shape) != 2 or len(b_shape) != 2:
+        raise ValueError(f"Gemm takes 2-D A and B, got {list(a_shape)} and {list(b_shape)}")
+    m, k = a_shape[::-1] if trans_a else a_shape
+    kb, n = b_shape[::-1] if trans_b else b_shape
+    if k != kb:
+        raise ValueError(f"Gemm inner dimensions differ: A' is {[m, k]}, B' is {[kb, n]}")
+    for name, v in (("M", m), ("N", n), ("K", k)):
+        _c_int(name, v)
+    c_strides = (0, 0)
+    if c_shape is not None:
+        if not _broadcasts_to(tuple(c_shape), (m, n)):
+            raise ValueError(f"Gemm C of shape {list(c_shape)} does not broadcast to {[m, n]}")
+        c_strides = tuple(s // 4 for s in np.broadcast_to(
+            np.empty(c_shape, np.float32), (m, n)).strides)
+    return _step(lib.PLAN_GEMM, [a, b, c], [y], act=code,
+                 flags=int(bool(trans_a)) | int(bool(trans_b)) << 1, n=[m, n, k, 0],
+                 f=[float(alpha), float(beta), act_alpha, act_beta], g=list(c_strides) + [0] * 10)
+
+
+def matmul_step(a: int, a_shape, b: int, b_shape, y: int, *, alpha=1.0, trans_a=False,
+                trans_b=False) -> dict:
+    """As matmul(), for operands that need no copy to the whole batch."""
+    a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        raise ValueError(f"MatMul kernel takes inputs of rank >= 2, got {list(a_shape)} and "
+                         f"{list(b_shape)}")
+    m, k = a_shape[-1:-3:-1] if trans_a else a_shape[-2:]
+    kb, n = b_shape[-1:-3:-1] if trans_b else b_shape[-2:]
+    if k != kb:
+        raise ValueError(f"MatMul inner dimensions differ: {list(a_shape)} and {list(b_shape)}")
+    batch = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    _nonempty(batch + (m, n))
+    count = math.prod(batch)
+    if len(b_shape) == 2 and not trans_a:
+        m, count = m * math.prod(a_shape[:-2]), 1
+    for name, v in (("M", m), ("N", n), ("K", k), ("batch", count)):
+        _c_int(name, v)
+    for shape in (a_shape, b_shape):
+        whole = math.prod(shape[:-2]) == 1 or (1,) * (len(batch) - len(shape) + 2) + shape[:-2] == batch
+        if not whole:
+            raise ValueError(f"MatMul operand {list(shape)} needs a copy to the batch {list(batch)}")
+    strides = [0 if len(s) == 2 or math.prod(s[:-2]) == 1 else s[-1] * s[-2]
+               for s in (a_shape, b_shape)]
+    return _step(lib.PLAN_MATMUL, [a, b], [y], flags=int(bool(trans_a)) | int(bool(trans_b)) << 1,
+                 n=[m, n, k, count], f=[float(alpha), 0.0, 0.0, 0.0], g=strides + [0] * 10)
+
+
+def softmax_step(x: int, y: int, shape) -> dict:
+    rows, cols = _rows("softmax", _ShapeOnly(shape))
+    _nonempty(shape)
+    return _step(lib.PLAN_SOFTMAX, [x], [y], n=[rows, cols, 0, 0])
+
+
+def layer_norm_step(x: int, shape, scale: int, scale_shape, bias: int, bias_shape, y: int, *,
+                    epsilon=1e-5) -> dict:
+    """As layer_norm() without its statistics; bias is -1 (bias_shape None) without B."""
+    rows, cols = _rows("layer_norm", _ShapeOnly(shape))
+    if cols == 0:
+        raise ValueError(f"LayerNormalization over an empty last axis of shape {list(shape)}")
+    for name, s in (("Scale", scale_shape), ("B", bias_shape)):
+        if s is not None and (math.prod(s) != cols or (len(s) and s[-1] != cols)):
+            raise ValueError(f"{name} must hold {cols} values along the last axis, got {list(s)}")
+    if not epsilon >= 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    _nonempty(shape)
+    return _step(lib.PLAN_LAYERNORM, [x, scale, bias], [y], n=[rows, cols, 0, 0],
+                 f=[float(epsilon), 0.0, 0.0, 0.0])
+
+
+def rms_norm_step(x: int, shape, scale: int, scale_shape, y: int, *, skip: int = -1,
+                  skip_shape=None, bias: int = -1, bias_shape=None, epsilon=1e-5) -> dict:
+    """As rms_norm() with the result only (the inverse RMS and the sum not asked for)."""
+    rows, cols = _rows("rms_norm", _ShapeOnly(shape))
+    if cols == 0:
+        raise ValueError(f"RMS normalization over an empty last axis of shape {list(shape)}")
+    for name, s in (("scale", scale_shape), ("bias", bias_shape)):
+        if s is not None and (math.prod(s) != cols or (len(s) and s[-1] != cols)):
+            raise ValueError(f"{name} must hold {cols} values along the last axis, got {list(s)}")
+    if skip_shape is not None and (math.prod(skip_shape) != math.prod(shape)
+                                   or skip_shape[-1] != cols):
+        raise ValueError(f"skip must have the input's shape {list(shape)}, got {list(skip_shape)}")
+    if skip_shape is None and bias_shape is not None:
+        raise ValueError("bias belongs to the skip form: give skip")
+    if not epsilon >= 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    _nonempty(shape)
+    return _step(lib.PLAN_RMSNORM, [x, skip, bias, scale], [y], n=[rows, cols, 0, 0],
+                 f=[float(epsilon), 0.0, 0.0, 0.0])
+
+
+def silu_mul_step(gate: int, up: int, y: int, shape) -> dict:
+    """As silu_mul(gate, up) for two arrays of one shape."""
+    if len(shape) < 1:
+        raise ValueError("silu_mul needs at least one axis, got a scalar")
+    _nonempty(shape)
+    return _step(lib.PLAN_SILU_MUL, [gate, up], [y], n=[math.prod(shape[:-1]), shape[-1], 0, 0])
+
+
+def copy_step(x: int, y: int, nbytes: int) -> dict:
+    """y = x, nbytes of it (y does not overlap x)."""
+    if nbytes <= 0:
+        raise ValueError("an empty copy calls nothing")
+    return _step(lib.PLAN_COPY, [x], [y], n=[nbytes, 0, 0, 0])
+
+
+def strided_copy_step(x: int, y: int, shape, strides, offset: int, itemsize: int) -> dict:
+    """y (contiguous, `shape`) = x[offset + sum i_d * strides[d]], in elements of itemsize."""
+    if len(shape) > 6:
+        raise ValueError(f"a strided copy takes 6 axes at most, got {len(shape)}")
+    _nonempty(shape)
+    pad = 6 - len(shape)
+    return _step(lib.PLAN_STRIDED_COPY, [x], [y], n=[offset, itemsize, 0, 0],
+                 g=[1] * pad + list(shape) + [0] * pad + list(strides))
+
+
+def gather_step(data: int, data_shape, itemsize: int, indices: int, index_count: int, y: int,
+                axis: int) -> dict:
+    """Gather of int64 indices along `axis`: C refuses an index out of range (-1 from
+    plan_run at this step) before writing anything."""
+    outer = math.prod(data_shape[:axis])
+    row_bytes = math.prod(data_shape[axis + 1:]) * itemsize
+    _nonempty((outer, index_count, row_bytes))
+    return _step(lib.PLAN_GATHER, [data, indices], [y],
+                 n=[outer, data_shape[axis], index_count, row_bytes])
+
+
+class _ShapeOnly:
+    """What _rows reads of an array: its shape, rank and size."""
+
+    def __init__(self, shape):
+        self.shape, self.ndim, self.size = tuple(shape), len(shape), math.prod(shape)
+
+
+class StepTable:
+    """A plan_step[] table and the slot addresses its steps read and write (void *[slots]).
+
+    The table owns what its addresses point into: bind() keeps a from_buffer cdata of the
+    array, which keeps the array alive until the slot is bound again, so keep the StepTable
+    for as long as C may run its steps."""
+
+    __slots__ = ("steps", "count", "addresses", "_owners")
+
+    def __init__(self, steps: list[dict], slots: int):
+        self.count = len(steps)
+        self.steps = ffi.new("plan_step[]", steps or [{}])
+        self.addresses = ffi.new("void *[]", max(slots, 1))
+        self._owners: list = [None] * max(slots, 1)
+
+    def bind(self, slot: int, array: np.ndarray) -> None:
+        """Point `slot` at a C-contiguous array of any fixed-size dtype."""
+        if not array.flags.c_contiguous:
+            raise ValueError(f"a plan slot needs a C-contiguous array, got strides {array.strides}")
+        owner = ffi.from_buffer("char[]", array)
+        self._owners[slot] = owner
+        self.addresses[slot] = owner
+
+    def run(self, start: int, stop: int) -> int:
+        """Runs steps [start, stop); -1, or the index of the step whose kernel failed."""
+        if stop <= start:
+            return -1
+        failed = lib.plan_run(self.steps + start, stop - start, self.addresses)
+        return -1 if failed < 0 else start + failed

@@ -3,7 +3,9 @@ slots, and each slot released after its last use, so a run is a loop of function
 from __future__ import annotations
 
 import inspect
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,9 +19,17 @@ from reference.functions import schema_for
 from reference.registry import OpContext, canonical_domain, lookup
 from reference.values import normalize
 
-from . import chains
+from . import chains, kernels
 
 ABSENT = -1
+ALIAS = "alias"  # a step description (optimized/cpu.py C_STEPS): the output views the input
+PROGRAMS = 8  # input signatures whose runs a plan keeps compiled (least recently used go)
+SIGHTINGS = 64  # signatures seen once, remembered until one comes back
+FOLDED_BYTES = 1 << 16  # the largest value worked out once per signature and kept
+# ops whose result is not a function of their inputs, never worked out once for all runs
+RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+              "Multinomial", "Bernoulli", "Dropout"}
+SHAPE_OPS = {"Shape", "Size"}
 
 
 @dataclass
@@ -54,7 +64,13 @@ class SlotScope(Scope):
 
 class Plan:
     def __init__(self, model: ModelProto, kernels: dict, evaluator: ReferenceEvaluator | None = None,
-                 fuse_chains: bool = False):
+                 fuse_chains: bool = False, c_steps: dict | None = None):
+        # c_steps: (domain, op_type) -> step description (optimized/cpu.py C_STEPS); with it, a
+        # signature's runs after its second go through a compiled step table (CompiledRun)
+        self.c_steps = c_steps
+        self._programs: OrderedDict = OrderedDict()
+        self._sightings: dict = {}
+        self._lock = threading.Lock()
         self.evaluator = evaluator or ReferenceEvaluator(model, check=False)
         self.graph = model.graph
         self.opsets = self.evaluator.opsets
@@ -181,25 +197,35 @@ class Plan:
 
     # running --------------------------------------------------------------------------
     def run(self, feeds: dict, observer=None, profiler=None, checker=None) -> list:
+        feeds = {name: normalize(value) for name, value in feeds.items()}
+        if self.c_steps is not None and observer is None and profiler is None and checker is None:
+            outputs = self._run_compiled(feeds)
+            if outputs is not None:
+                return outputs
+        slots = self._slots(feeds)
+        steps = self.steps if observer is None and checker is None else self.unfused_steps
+        self._run_steps(slots, steps, 0, observer, profiler, checker)
+        return [slots[s] for s in self.output_slots]
+
+    def _slots(self, feeds: dict) -> list:
         slots = list(self.template)
         for name, value in feeds.items():
-            slots[self.index[name]] = normalize(value)
-        steps = self.steps if observer is None and checker is None else self.unfused_steps
-        for step in steps:
+            slots[self.index[name]] = value
+        return slots
+
+    def _run_steps(self, slots: list, steps: list[Step], start: int, observer=None,
+                   profiler=None, checker=None, record=None) -> None:
+        for i in range(start, len(steps)):
+            step = steps[i]
             values = [slots[s] if s != ABSENT else None for s in step.inputs]
-            start = time.perf_counter() if profiler is not None else 0.0
-            try:
-                run = step.run or self._scoped_call(step, slots, observer)
-                outputs = run(*values)
-            except NodeError:
-                raise
-            except Exception as e:
-                raise NodeError(step.node, self.opsets.get(canonical_domain(step.node.domain)),
-                                f"{type(e).__name__}: {e}") from e
+            start_time = time.perf_counter() if profiler is not None else 0.0
+            outputs = self._call(step, values, slots, observer)
             if profiler is not None:
-                profiler.record(step, values, start, time.perf_counter())
+                profiler.record(step, values, start_time, time.perf_counter())
             if checker is not None and step.reference is not None:
                 checker(step, values, outputs)
+            if record is not None:
+                record(i, step, outputs)
             for s, value in zip(step.outputs, outputs):
                 if s != ABSENT:
                     slots[s] = value
@@ -207,7 +233,55 @@ class Plan:
                         observer(Result("result", self.names[s], value, node=step.node))
             for s in step.release:
                 slots[s] = None
-        return [slots[s] for s in self.output_slots]
+
+    def _call(self, step: Step, values: list, slots: list, observer=None) -> list:
+        try:
+            run = step.run or self._scoped_call(step, slots, observer)
+            return run(*values)
+        except NodeError:
+            raise
+        except Exception as e:
+            raise NodeError(step.node, self.opsets.get(canonical_domain(step.node.domain)),
+                            f"{type(e).__name__}: {e}") from e
+
+    def _run_compiled(self, feeds: dict) -> list | None:
+        """The outputs of a run through this signature's CompiledRun; None where the run is
+        to go step by step in Python: a signature seen for the first time, one the plan could
+        not compile, feeds that are not plain arrays, or another thread running it now."""
+        key = _signature(feeds)
+        if key is None:
+            return None
+        if key in self._programs:
+            program = self._programs[key]
+            if program is None or not self._lock.acquire(blocking=False):
+                return None
+            try:
+                self._programs.move_to_end(key)
+                return program.run(feeds)
+            finally:
+                if program.broken:  # a shape the recorded run did not have: never again
+                    self._programs[key] = None
+                self._lock.release()
+        seen = self._sightings.get(key, 0)
+        if not seen:
+            if len(self._sightings) >= SIGHTINGS:
+                self._sightings.clear()
+            self._sightings[key] = 1
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            recorder = Recorder(self, feeds)
+            slots = self._slots(feeds)
+            self._run_steps(slots, self.steps, 0, record=recorder.record)
+            outputs = [slots[s] for s in self.output_slots]
+            self._sightings.pop(key, None)
+            self._programs[key] = CompiledRun(self, recorder)
+            while len(self._programs) > PROGRAMS:
+                self._programs.popitem(last=False)
+        finally:
+            self._lock.release()
+        return outputs
 
     def _scoped_call(self, step: Step, slots: list, observer=None):
         scope = SlotScope(slots, self.index)
@@ -260,3 +334,305 @@ def _shape(value):
     if isinstance(value, np.ndarray):
         return {str(value.dtype): list(value.shape)}
     return type(value).__name__
+
+
+# compiled runs ------------------------------------------------------------------------------
+
+def _signature(feeds: dict) -> tuple | None:
+    """The feeds' names, shapes and dtypes; None unless every feed is a plain array."""
+    key = []
+    for name, value in feeds.items():
+        if not isinstance(value, np.ndarray) or value.dtype.hasobject:
+            return None
+        key.append((name, value.shape, value.dtype))
+    return tuple(key)
+
+
+def _fixed_size(value) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "biufc"
+
+
+class Operand:
+    """A value as a step description sees it: its slot, shape and dtype in the recorded run,
+    and the value itself where it is the same in every run of the signature."""
+    __slots__ = ("slot", "shape", "dtype", "value")
+
+    def __init__(self, slot: int, shape: tuple, dtype, value=None):
+        self.slot, self.shape, self.dtype, self.value = slot, tuple(shape), np.dtype(dtype), value
+
+
+class Recorder:
+    """What one run of a signature shows: each value's shape and dtype, which step made it,
+    and the values that are the same in every run of the signature (initializers, results of
+    deterministic ops over those, Shape and Size)."""
+
+    def __init__(self, plan: Plan, feeds: dict):
+        self.specs: dict[int, tuple] = {}
+        self.static: dict[int, Any] = {}
+        self.producer: dict[int, int] = {}
+        self.shape_reads: set[int] = set()  # slots whose shape a worked-out Shape/Size read
+        for name, value in feeds.items():
+            self._spec(plan.index[name], value)
+        fed = {plan.index[name] for name in feeds}
+        for slot, value in enumerate(plan.template):
+            if value is not None and slot not in fed:
+                self._spec(slot, value)
+                self.static[slot] = value
+
+    def _spec(self, slot: int, value) -> None:
+        if _fixed_size(value):
+            self.specs[slot] = (value.shape, value.dtype)
+
+    def record(self, i: int, step: Step, outputs: list) -> None:
+        for s, value in zip(step.outputs, outputs):
+            if s != ABSENT:
+                self.producer[s] = i
+                self._spec(s, value)
+        if self._foldable(step, outputs):
+            if step.node.op_type in SHAPE_OPS:
+                self.shape_reads.add(step.inputs[0])
+            for s, value in zip(step.outputs, outputs):
+                if s != ABSENT:
+                    self.static[s] = value
+
+    def _foldable(self, step: Step, outputs: list) -> bool:
+        node = step.node
+        if step.run is None or node.domain not in ("", "ai.onnx") or node.op_type in RANDOM_OPS:
+            return False
+        if not all(_fixed_size(v) and v.nbytes <= FOLDED_BYTES
+                   for s, v in zip(step.outputs, outputs) if s != ABSENT):
+            return False
+        if node.op_type in SHAPE_OPS:
+            return bool(step.inputs) and step.inputs[0] in self.specs
+        return all(s in self.static for s in step.inputs if s != ABSENT)
+
+
+C, PY = 0, 1
+ALIGN = 64
+
+
+class CompiledRun:
+    """One signature's run: steps whose values were the same in the recorded run are gone
+    (their values kept), consecutive steps that C_STEPS describes run in one plan_run call
+    over a StepTable, the others one by one in Python.  C writes intermediate values into one
+    arena, laid out by liveness; a step's outputs never share memory with its inputs.  Graph
+    outputs that C writes get new arrays each run, so no output is overwritten by the next.
+
+    Each value that a Python step makes and C reads (or whose shape was worked out once) is
+    checked against the recorded run; on a difference the run goes on in Python from there,
+    and the signature is not compiled again (`broken`)."""
+
+    def __init__(self, plan: Plan, rec: Recorder):
+        self.plan, self.broken = plan, False
+        steps = plan.steps
+        outputs = set(plan.output_slots)
+        kinds: list[int | None] = []
+        described: dict[int, Any] = {}
+        for i, step in enumerate(steps):
+            made = [s for s in step.outputs if s != ABSENT]
+            if made and all(s in rec.static and rec.producer.get(s) == i for s in made):
+                kinds.append(None)  # worked out once
+                continue
+            description = self._describe(step, rec)
+            kinds.append(PY if description is None else C)
+            if description is not None:
+                described[i] = description
+        storage: dict[int, Any] = {s: "fixed" for s in rec.static}
+        fed = {s for s in rec.specs if s not in rec.static and s not in rec.producer}
+        storage.update({s: "feed" for s in fed})
+        for i, step in enumerate(steps):
+            if kinds[i] is None:
+                continue
+            made = [s for s in step.outputs if s != ABSENT]
+            if kinds[i] == PY:
+                storage.update({s: "python" for s in made})
+                continue
+            if described[i] == ALIAS:
+                root = self._root(storage, step.inputs[0])
+                y = made[0]
+                if storage.get(root) == "arena" and y not in outputs:
+                    storage[y] = ("alias", root)
+                    described[i] = []
+                    continue
+                shape, dtype = rec.specs[y]
+                try:
+                    described[i] = [kernels.copy_step(step.inputs[0], y,
+                                                      int(np.prod(shape)) * dtype.itemsize)]
+                except ValueError:
+                    kinds[i] = PY
+                    storage[y] = "python"
+                    continue
+            storage.update({s: "fresh" if s in outputs else "arena" for s in made})
+        self.storage = storage
+        need = self._liveness(steps, kinds, outputs)
+        self._layout(steps, kinds, rec, storage, need)
+        self._table(steps, kinds, described, rec, storage, need, outputs)
+
+    # building -------------------------------------------------------------------------
+    def _describe(self, step: Step, rec: Recorder):
+        plan = self.plan
+        describe = plan.c_steps.get((canonical_domain(step.node.domain), step.node.op_type))
+        if describe is None or step.run is None:
+            return None
+        attrs = plan._static_attributes(step.node)
+        if attrs is None:
+            return None
+        operands = []
+        for slots in (step.inputs, step.outputs):
+            listed = []
+            for s in slots:
+                if s == ABSENT:
+                    listed.append(None)
+                elif s in rec.specs:
+                    listed.append(Operand(s, *rec.specs[s], rec.static.get(s)))
+                else:
+                    return None
+            operands.append(listed)
+        if any(x is None for x in operands[1]):
+            return None  # an omitted optional output: the kernels always write theirs
+        return describe(*operands, **attrs)
+
+    @staticmethod
+    def _root(storage: dict, slot: int) -> int:
+        while isinstance(storage.get(slot), tuple):
+            slot = storage[slot][1]
+        return slot
+
+    def _liveness(self, steps, kinds, outputs) -> dict[int, int]:
+        """The last step that reads each value, or a value that may view it: a Python step's
+        result may be a view of its inputs, and an alias is one."""
+        end = len(steps)
+        need = {s: end for s in outputs}
+        for i in range(len(steps) - 1, -1, -1):
+            step = steps[i]
+            made = [s for s in step.outputs if s != ABSENT]
+            extent = max([need.get(s, i) for s in made] + [i])
+            viewing = kinds[i] == PY or any(isinstance(self.storage.get(s), tuple) for s in made)
+            for s in self.plan._reads(step):
+                need[s] = max(need.get(s, i), extent if viewing else i)
+        return need
+
+    def _layout(self, steps, kinds, rec, storage, need) -> None:
+        """Arena offsets, first fit, for the values C writes: a value's bytes are free again
+        after the last step that needs it."""
+        placed: list[tuple[int, int, int]] = []  # (offset, size, last step)
+        offsets: dict[int, int] = {}
+        top = 0
+        for i, step in enumerate(steps):
+            if kinds[i] != C:
+                continue
+            placed = [p for p in placed if p[2] >= i]
+            for s in step.outputs:
+                if storage.get(s) != "arena":
+                    continue
+                shape, dtype = rec.specs[s]
+                size = max(ALIGN, -(-int(np.prod(shape)) * dtype.itemsize // ALIGN) * ALIGN)
+                offset = 0
+                for o, z, _ in sorted(placed):
+                    if offset + size <= o:
+                        break
+                    offset = max(offset, o + z)
+                placed.append((offset, size, need.get(s, i)))
+                offsets[s] = offset
+                top = max(top, offset + size)
+        self.arena = np.empty(top, np.uint8)
+        self.views: dict[int, np.ndarray] = {}
+        for s, offset in offsets.items():
+            shape, dtype = rec.specs[s]
+            nbytes = int(np.prod(shape)) * dtype.itemsize
+            self.views[s] = self.arena[offset:offset + nbytes].view(dtype).reshape(shape)
+        for s, kind in storage.items():
+            if isinstance(kind, tuple):
+                self.views[s] = self.views[self._root(storage, s)].reshape(rec.specs[s][0])
+
+    def _table(self, steps, kinds, described, rec, storage, need, outputs) -> None:
+        plan = self.plan
+        entries: list[dict] = []
+        self.entry_step: list[int] = []
+        c_reads: set[int] = set()
+        for i, step in enumerate(steps):
+            if kinds[i] == C:
+                entries += described[i]
+                self.entry_step += [i] * len(described[i])
+                c_reads |= {s for s in step.inputs if s != ABSENT}
+        table = kernels.StepTable(entries, len(plan.names))
+        self.template = list(plan.template)
+        for s, value in rec.static.items():
+            self.template[s] = value
+            if s in c_reads:
+                table.bind(s, value if value.flags.c_contiguous else np.ascontiguousarray(value))
+        for s, view in self.views.items():
+            self.template[s] = view
+            table.bind(s, view)
+        self.table = table
+        self.feed_binds = [s for s in c_reads if storage.get(s) == "feed"]
+        self.fresh = [(s, *rec.specs[s]) for s, kind in storage.items() if kind == "fresh"]
+        self.copied_outputs = {s for s in outputs if storage.get(s) == "fixed"}
+        guarded = {s for s in (c_reads | rec.shape_reads) if storage.get(s) == "python"}
+        self.ops: list[tuple] = []
+        entry = 0
+        for i, step in enumerate(steps):
+            if kinds[i] == C:
+                stop = entry + len(described[i])
+                if self.ops and self.ops[-1][0] == C:
+                    self.ops[-1] = (C, self.ops[-1][1], stop)
+                else:
+                    self.ops.append((C, entry, stop))
+                entry = stop
+            elif kinds[i] == PY:
+                guards = [(s, *rec.specs[s], s in c_reads) for s in step.outputs if s in guarded]
+                release = [s for s in plan._reads(step)
+                           if storage.get(s) in ("python", "feed") and need.get(s) == i
+                           and s not in outputs]
+                self.ops.append((PY, i, guards, release))
+
+    # running --------------------------------------------------------------------------
+    def run(self, feeds: dict) -> list:
+        plan, table = self.plan, self.table
+        slots = list(self.template)
+        for name, value in feeds.items():
+            slots[plan.index[name]] = value
+        for s in self.feed_binds:
+            value = slots[s]
+            table.bind(s, value if value.flags.c_contiguous else np.ascontiguousarray(value))
+        for s, shape, dtype in self.fresh:
+            slots[s] = array = np.empty(shape, dtype)
+            table.bind(s, array)
+        steps = plan.steps
+        for op in self.ops:
+            if op[0] == C:
+                failed = table.run(op[1], op[2])
+                if failed >= 0:  # the step runs again in Python, which raises the error
+                    return self._finish(slots, self.entry_step[failed])
+                continue
+            _, i, guards, release = op
+            step = steps[i]
+            values = [slots[s] if s != ABSENT else None for s in step.inputs]
+            for s, value in zip(step.outputs, plan._call(step, values, slots)):
+                if s != ABSENT:
+                    slots[s] = value
+            for s, shape, dtype, bind in guards:
+                value = slots[s]
+                if not isinstance(value, np.ndarray) or value.shape != shape or value.dtype != dtype:
+                    self.broken = True
+                    return self._finish(slots, i + 1)
+                if bind:
+                    table.bind(s, value if value.flags.c_contiguous else np.ascontiguousarray(value))
+            for s in release:
+                slots[s] = None
+        return self._outputs(slots)
+
+    def _finish(self, slots: list, start: int) -> list:
+        """The rest of the run step by step in Python (steps worked out once included)."""
+        self.plan._run_steps(slots, self.plan.steps, start)
+        return self._outputs(slots)
+
+    def _outputs(self, slots: list) -> list:
+        return [self._own(slots[s], s in self.copied_outputs) for s in self.plan.output_slots]
+
+    def _own(self, value, copy: bool = False):
+        if isinstance(value, list):
+            return [self._own(v) for v in value]
+        if isinstance(value, np.ndarray) and (copy or np.may_share_memory(value, self.arena)):
+            return value.copy()
+        return value

@@ -85,11 +85,11 @@ def make_plan(model, evaluator, options: dict[str, dict], fuse_chains: bool = Fa
     """The plan for the chosen providers: the CPU plan (fusing elementwise chains when asked),
     or the device plan, planned per input-shape signature (captured in CUDA graphs when
     enable_cuda_graph is set)."""
-    from .cpu import KERNELS
+    from .cpu import C_STEPS, KERNELS
     from .plan import Plan
 
     if CUDA not in options:
-        return Plan(model, KERNELS, evaluator, fuse_chains=fuse_chains)
+        return Plan(model, KERNELS, evaluator, fuse_chains=fuse_chains, c_steps=C_STEPS)
     from .cuda.arrays import CupyDevice
     from .cuda.graph_capture import GraphPlan
     from .cuda.plan import DevicePlan

@@ -1,0 +1,111 @@
+/* The plan's step table: consecutive fast steps of optimized/plan.py run in one call, each a
+ * call of the same kernel, with the same arguments, that the Python wrapper would make.  Every
+ * buffer is named by its slot; slots[i] is the address the plan bound to slot i (arena,
+ * initializer, feed or output), so one table serves every run of one input signature. */
+#include <string.h>
+
+#include "kernels.h"
+#include "internal.h"
+
+#define IN(k) (s->in[k] < 0 ? NULL : slots[s->in[k]])
+#define OUT(k) (s->out[k] < 0 ? NULL : slots[s->out[k]])
+
+/* y = x[offset + sum_d i_d * strides[d]] over shape (up to 6 axes, element strides and offset
+ * in elements of elem_size bytes); y is contiguous. */
+static void strided_copy(const char *x, char *y, const int64_t *shape, const int64_t *strides,
+                         int64_t offset, int64_t elem_size)
+{
+    int64_t total = 1;
+    for (int d = 0; d < 6; ++d) total *= shape[d];
+    int64_t inner = shape[5], rows = inner ? total / inner : 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t rest = r, at = offset;
+        for (int d = 4; d >= 0; --d) {
+            at += (rest % shape[d]) * strides[d];
+            rest /= shape[d];
+        }
+        char *dst = y + r * inner * elem_size;
+        if (strides[5] == 1) {
+            memcpy(dst, x + at * elem_size, (size_t)(inner * elem_size));
+            continue;
+        }
+        for (int64_t i = 0; i < inner; ++i)
+            memcpy(dst + i * elem_size, x + (at + i * strides[5]) * elem_size, (size_t)elem_size);
+    }
+}
+
+/* Rows of a (rows x row_bytes) table picked by int64 indices (negative ones count from the
+ * end), as Gather on axis 0 with `outer` leading blocks of (rows x row_bytes).  Returns -1 for
+ * an index out of range, before writing anything. */
+static int gather_rows(const char *table, const int64_t *indices, char *y, int64_t outer,
+                       int64_t rows, int64_t count, int64_t row_bytes)
+{
+    for (int64_t i = 0; i < count; ++i)
+        if (indices[i] < -rows || indices[i] >= rows)
+            return -1;
+    for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = 0; i < count; ++i) {
+            int64_t row = indices[i] < 0 ? indices[i] + rows : indices[i];
+            memcpy(y + (o * count + i) * row_bytes, table + (o * rows + row) * row_bytes,
+                   (size_t)row_bytes);
+        }
+    return 0;
+}
+
+static int run_step(const plan_step *s, void *const *slots)
+{
+    switch (s->kind) {
+    case PLAN_ACTIVATION:
+        activation_f32(IN(0), OUT(0), (size_t)s->n[0], s->code, s->f[0], s->f[1]);
+        return 0;
+    case PLAN_BINARY:
+        binary_f32(s->code, IN(0), s->g + 4, IN(1), s->g + 8, OUT(0), s->g, s->act, s->f[0],
+                   s->f[1]);
+        return 0;
+    case PLAN_GEMM:
+        gemm_f32(s->flags & 1, (s->flags >> 1) & 1, (int)s->n[0], (int)s->n[1], (int)s->n[2],
+                 s->f[0], IN(0), IN(1), s->f[1], IN(2), s->g[0], s->g[1], OUT(0), s->act,
+                 s->f[2], s->f[3]);
+        return 0;
+    case PLAN_MATMUL:
+        gemm_batched_f32(s->flags & 1, (s->flags >> 1) & 1, (int)s->n[3], (int)s->n[0],
+                         (int)s->n[1], (int)s->n[2], s->f[0], IN(0), s->g[0], IN(1), s->g[1],
+                         OUT(0));
+        return 0;
+    case PLAN_SOFTMAX:
+        softmax_last_f32(IN(0), OUT(0), (size_t)s->n[0], (size_t)s->n[1]);
+        return 0;
+    case PLAN_LAYERNORM:
+        layernorm_last_f32(IN(0), IN(1), IN(2), OUT(0), OUT(1), OUT(2), (size_t)s->n[0],
+                           (size_t)s->n[1], s->f[0]);
+        return 0;
+    case PLAN_RMSNORM:
+        rmsnorm_last_f32(IN(0), IN(1), IN(2), IN(3), OUT(0), OUT(1), OUT(2), (size_t)s->n[0],
+                         (size_t)s->n[1], s->f[0]);
+        return 0;
+    case PLAN_SILU_MUL:
+        silu_mul_f32(IN(0), IN(1), OUT(0), (size_t)s->n[0], (size_t)s->n[1], (size_t)s->n[1]);
+        return 0;
+    case PLAN_REDUCE_LAST:
+        reduce_last_f32(s->code, IN(0), OUT(0), (size_t)s->n[0], (size_t)s->n[1]);
+        return 0;
+    case PLAN_COPY:
+        memcpy(slots[s->out[0]], slots[s->in[0]], (size_t)s->n[0]);
+        return 0;
+    case PLAN_STRIDED_COPY:
+        strided_copy(slots[s->in[0]], slots[s->out[0]], s->g, s->g + 6, s->n[0], s->n[1]);
+        return 0;
+    case PLAN_GATHER:
+        return gather_rows(slots[s->in[0]], slots[s->in[1]], slots[s->out[0]], s->n[0], s->n[1], s->n[2], s->n[3]);
+    default:
+        return -1;
+    }
+}
+
+int64_t plan_run(const plan_step *steps, int64_t count, void *const *slots)
+{
+    for (int64_t i = 0; i < count; ++i)
+        if (run_step(steps + i, slots) != 0)
+            return i;
+    return -1;
+}
