@@ -197,3 +197,25 @@ typedef struct {
 /* Runs steps[0..count) in order.  Returns -1, or the index of the step that failed (its
  * kernel ran out of memory or refused its input) with the steps before it done. */
 int64_t plan_run(const plan_step *steps, int64_t count, void *const *slots);
+
+/* Convolution through oneDNN (csrc/onednn_conv.c), opened at run time.  onednn_open loads the
+ * library at `path` once (0, or -1 with onednn_last_error() saying why).  A plan is made per
+ * node, input shape and thread count: geometry holds batch, in_c, in_h, in_w, out_c, k_h, k_w,
+ * group, stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dil_h, dil_w, out_h,
+ * out_w; w (out_c, in_c / group, k_h, k_w) and bias (out_c, may be NULL) are copied.  layout
+ * ONEDNN_LAYOUT_BLOCKED lets the library pick its source and destination layout (nChw8c and
+ * the like; runs reorder from and to NCHW), ONEDNN_LAYOUT_PLAIN keeps NCHW.  Returns NULL
+ * with onednn_last_error() set on failure.  run: y = act(conv(x) + bias + residual) in NCHW,
+ * residual may be NULL or y itself; 0, or -1 on failure.  run_native: x and y already in the
+ * plan's layout (native_bytes: 0 source, 1 destination), a residual being y's prior content. */
+typedef struct onednn_conv onednn_conv;
+enum onednn_layout { ONEDNN_LAYOUT_BLOCKED = 0, ONEDNN_LAYOUT_PLAIN = 1 };
+int onednn_open(const char *path);
+const char *onednn_last_error(void);
+onednn_conv *onednn_conv_create(const int64_t *geometry, const float *w, const float *bias,
+                                int has_residual, int act, float alpha, float beta, int layout);
+int onednn_conv_run(onednn_conv *c, const float *x, const float *residual, float *y);
+int onednn_conv_run_native(onednn_conv *c, const float *x, float *y);
+size_t onednn_conv_native_bytes(const onednn_conv *c, int which);
+const char *onednn_conv_implementation(const onednn_conv *c);
+void onednn_conv_destroy(onednn_conv *c);

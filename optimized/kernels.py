@@ -468,6 +468,126 @@ def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, stri
     return out
 
 
+# --- convolution through oneDNN ------------------------------------------------------------
+
+ONEDNN_LAYOUTS = {"blocked": 0, "plain": 1}  # csrc enum onednn_layout
+
+
+def _onednn_library_path() -> str | None:
+    """libdnnl from the onednn-cpu-gomp wheel, or the path in ONNX_PARITY_ONEDNN (0: none)."""
+    setting = os.environ.get("ONNX_PARITY_ONEDNN", "")
+    if setting in ("0", "off"):
+        return None
+    if setting:
+        return setting
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("onednn-cpu-gomp")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if str(f).endswith("libdnnl.so.3"):
+            return os.path.normpath(str(dist.locate_file(f)))
+    return None
+
+
+@functools.cache
+def onednn_unavailable() -> str | None:
+    """None when oneDNN convolutions can run, else the reason they cannot."""
+    path = _onednn_library_path()
+    if path is None:
+        return "onednn-cpu-gomp is not installed (or ONNX_PARITY_ONEDNN=0 turned it off)"
+    if lib.onednn_open(path.encode()) != 0:
+        return ffi.string(lib.onednn_last_error()).decode(errors="replace")
+    return None
+
+
+class OneDNNConv:
+    """act(Conv(x, w) + bias + residual) through oneDNN, planned once for one NCHW input shape
+    and the current thread count: the primitive with its post-ops, and w and bias copied into
+    the layout it reads.  layout "blocked" lets oneDNN pick its layouts (nChw8c on AVX2) and
+    reorders x, the residual and y per call; "plain" keeps NCHW.  Raises RuntimeError when
+    oneDNN is unavailable or refuses the convolution, ValueError for a bad argument."""
+
+    def __init__(self, x_shape, w: np.ndarray, bias: np.ndarray | None = None, *, strides=None,
+                 pads=None, dilations=None, group: int = 1, auto_pad: str = "NOTSET",
+                 residual: bool = False, activation: str | None = None, activation_params=(),
+                 layout: str = "blocked"):
+        reason = onednn_unavailable()
+        if reason is not None:
+            raise RuntimeError(f"oneDNN convolution unavailable: {reason}")
+        if layout not in ONEDNN_LAYOUTS:
+            raise ValueError(f"layout must be one of {sorted(ONEDNN_LAYOUTS)}, got {layout!r}")
+        code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
+        w = _f32("W", w)
+        _rank("W", w, 4)
+        if len(x_shape) != 4:
+            raise ValueError(f"X must be 4-D, got shape {list(x_shape)}")
+        batch, channels, in_h, in_w = (int(d) for d in x_shape)
+        out_c, per_group, k_h, k_w = w.shape
+        if group < 1 or channels % group or out_c % group or per_group * group != channels:
+            raise ValueError(f"group {group} does not split X's {channels} channels and W's "
+                             f"shape {list(w.shape)}")
+        strides = _pair("strides", strides, 1, 1)
+        dilations = _pair("dilations", dilations, 1, 1)
+        begin, end, (out_h, out_w) = window_geometry(
+            (in_h, in_w), (k_h, k_w), strides, dilations, _pads(pads), auto_pad)
+        if bias is not None:
+            bias = _f32("B", bias)
+            if bias.shape != (out_c,):
+                raise ValueError(f"bias must have shape {[out_c]}, got {list(bias.shape)}")
+        self.in_shape = (batch, channels, in_h, in_w)
+        self.out_shape = (batch, out_c, out_h, out_w)
+        self.residual = bool(residual)
+        self.threads = get_num_threads()
+        geometry = ffi.new("int64_t[18]", [batch, channels, in_h, in_w, out_c, k_h, k_w, group,
+                                           *strides, *begin, *end, *dilations, out_h, out_w])
+        handle = lib.onednn_conv_create(geometry, _ptr(w), ffi.NULL if bias is None else _ptr(bias),
+                                        int(self.residual), code, act_alpha, act_beta,
+                                        ONEDNN_LAYOUTS[layout])
+        if handle == ffi.NULL:
+            raise RuntimeError("oneDNN refused the convolution: "
+                               + ffi.string(lib.onednn_last_error()).decode(errors="replace"))
+        self._handle = ffi.gc(handle, lib.onednn_conv_destroy)
+        self.implementation = ffi.string(lib.onednn_conv_implementation(handle)).decode()
+
+    def __call__(self, x: np.ndarray, residual: np.ndarray | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        x = _f32("X", x)
+        if x.shape != self.in_shape:
+            raise ValueError(f"X has shape {list(x.shape)}; this convolution was planned for "
+                             f"{list(self.in_shape)}")
+        if (residual is not None) != self.residual:
+            raise ValueError("the residual must be given exactly when the plan has one")
+        if residual is not None:
+            residual = _f32("residual", residual)
+            if residual.shape != self.out_shape:
+                raise ValueError(f"residual must have the output's shape {list(self.out_shape)}, "
+                                 f"got {list(residual.shape)}")
+        out = _output(out, self.out_shape, x, *([residual] if residual is not None else []),
+                      may_alias=(residual,) if residual is not None else ())
+        status = lib.onednn_conv_run(self._handle, _ptr(x),
+                                     ffi.NULL if residual is None else _ptr(residual), _ptr(out))
+        if status != 0:
+            raise RuntimeError("oneDNN convolution failed")
+        return out
+
+    def native_size(self, which: str) -> int:
+        """Floats of the source ("src") or destination ("dst") in the primitive's layout."""
+        return lib.onednn_conv_native_bytes(self._handle, 0 if which == "src" else 1) // 4
+
+    def run_native(self, x: np.ndarray, y: np.ndarray) -> None:
+        """The convolution alone on buffers already in the primitive's layout (native_size
+        floats each); a residual is what y holds before the call."""
+        for name, a, which in (("x", x, "src"), ("y", y, "dst")):
+            if a.dtype != np.float32 or not a.flags.c_contiguous or a.size < self.native_size(which):
+                raise ValueError(f"{name} must be C-contiguous float32 of at least "
+                                 f"{self.native_size(which)} elements")
+        if lib.onednn_conv_run_native(self._handle, _ptr(x), _ptr(y)) != 0:
+            raise RuntimeError("oneDNN convolution failed")
+
+
 # --- pooling -------------------------------------------------------------------------------
 
 def _pool_setup(x, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):

@@ -1,0 +1,406 @@
+/* Convolution through oneDNN's C API (PyPI's onednn-cpu-gomp, GNU OpenMP like our kernels).
+ *
+ * The library is opened at run time (dlopen), not linked: the extension loads and runs its own
+ * kernels when oneDNN is absent.  Its header (onednn-devel-cpu-gomp) is needed at build time
+ * only; built without it (ONNX_PARITY_NO_ONEDNN), onednn_open reports so and nothing else runs.
+ *
+ * A plan (struct onednn_conv) is made once per node, input shape and thread count: the
+ * primitive with bias, residual sum and activation as post-ops, its weights reordered once
+ * into the layout the primitive reads (a copy owned by the plan), and the reorders between
+ * the caller's NCHW and the primitive's layout.  Runs share one workspace for the laid-out
+ * source and destination, so runs are serialised by one lock; each uses every thread. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "kernels.h"
+
+static char last_error[512];
+
+const char *onednn_last_error(void)
+{
+    return last_error;
+}
+
+#ifdef ONNX_PARITY_NO_ONEDNN
+
+int onednn_open(const char *path)
+{
+    (void)path;
+    snprintf(last_error, sizeof last_error,
+             "the extension was built without oneDNN's header (onednn-devel-cpu-gomp)");
+    return -1;
+}
+
+onednn_conv *onednn_conv_create(const int64_t *geometry, const float *w, const float *bias,
+                                int has_residual, int act, float alpha, float beta, int layout)
+{
+    (void)geometry, (void)w, (void)bias, (void)has_residual, (void)act, (void)alpha, (void)beta;
+    (void)layout;
+    onednn_open(NULL);
+    return NULL;
+}
+
+int onednn_conv_run(onednn_conv *c, const float *x, const float *residual, float *y)
+{
+    (void)c, (void)x, (void)residual, (void)y;
+    return -1;
+}
+
+int onednn_conv_run_native(onednn_conv *c, const float *x, float *y)
+{
+    (void)c, (void)x, (void)y;
+    return -1;
+}
+
+size_t onednn_conv_native_bytes(const onednn_conv *c, int which)
+{
+    (void)c, (void)which;
+    return 0;
+}
+
+const char *onednn_conv_implementation(const onednn_conv *c)
+{
+    (void)c;
+    return "";
+}
+
+void onednn_conv_destroy(onednn_conv *c)
+{
+    (void)c;
+}
+
+#else
+
+#include "oneapi/dnnl/dnnl.h"
+
+/* The entry points used, resolved from the opened library. */
+#define DNNL_ENTRY_POINTS(X)                                                                      \
+    X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_stream_wait)                               \
+    X(dnnl_memory_desc_create_with_tag) X(dnnl_memory_desc_destroy) X(dnnl_memory_desc_equal)     \
+    X(dnnl_memory_desc_get_size) X(dnnl_memory_create) X(dnnl_memory_set_data_handle)             \
+    X(dnnl_memory_destroy) X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)           \
+    X(dnnl_primitive_attr_set_post_ops) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)          \
+    X(dnnl_post_ops_append_sum) X(dnnl_post_ops_append_eltwise)                                   \
+    X(dnnl_convolution_forward_primitive_desc_create) X(dnnl_reorder_primitive_desc_create)       \
+    X(dnnl_primitive_desc_query_md) X(dnnl_primitive_desc_query) X(dnnl_primitive_desc_destroy)   \
+    X(dnnl_primitive_create) X(dnnl_primitive_execute) X(dnnl_primitive_destroy)
+
+static struct {
+#define DECLARE(name) __typeof__(&name) name;
+    DNNL_ENTRY_POINTS(DECLARE)
+#undef DECLARE
+} dnnl;
+
+static void *library;
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The source and destination in the primitive's layout, shared by every plan's runs. */
+static void *workspace[2];
+static size_t workspace_bytes[2];
+
+int onednn_open(const char *path)
+{
+    pthread_mutex_lock(&open_lock);
+    int status = 0;
+    if (library != NULL)
+        goto done;
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle == NULL) {
+        snprintf(last_error, sizeof last_error, "dlopen failed: %s", dlerror());
+        status = -1;
+        goto done;
+    }
+#define RESOLVE(name)                                                                              \
+    if ((*(void **)&dnnl.name = dlsym(handle, #name)) == NULL) {                                  \
+        snprintf(last_error, sizeof last_error, "%s lacks %s", path, #name);                      \
+        dlclose(handle);                                                                           \
+        status = -1;                                                                               \
+        goto done;                                                                                 \
+    }
+    DNNL_ENTRY_POINTS(RESOLVE)
+#undef RESOLVE
+    if (dnnl.dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success
+        || dnnl.dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
+        snprintf(last_error, sizeof last_error, "oneDNN could not create a CPU engine and stream");
+        dlclose(handle);
+        status = -1;
+        goto done;
+    }
+    library = handle;
+done:
+    pthread_mutex_unlock(&open_lock);
+    return status;
+}
+
+struct onednn_conv {
+    dnnl_primitive_t conv;
+    dnnl_primitive_t to_src, to_dst, from_dst; /* reorders; NULL where the layouts agree */
+    dnnl_memory_t user_src, user_dst, src, dst, weights, bias;
+    size_t bytes[2];                           /* src, dst in the primitive's layout */
+    size_t user_dst_bytes;
+    int threads;
+    char implementation[128];
+};
+
+enum { SRC = 0, DST = 1 };
+
+#define CHECK(call, what)                                                                          \
+    do {                                                                                           \
+        dnnl_status_t s_ = (call);                                                                 \
+        if (s_ != dnnl_success) {                                                                  \
+            snprintf(last_error, sizeof last_error, "oneDNN %s failed (status %d)", what, (int)s_); \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+static int eltwise_of(int act, dnnl_alg_kind_t *alg)
+{
+    switch (act) {
+    case ACT_RELU: case ACT_LEAKY_RELU: *alg = dnnl_eltwise_relu; return 1;
+    case ACT_SIGMOID: *alg = dnnl_eltwise_logistic; return 1;
+    case ACT_TANH: *alg = dnnl_eltwise_tanh; return 1;
+    case ACT_CLIP: *alg = dnnl_eltwise_clip_v2; return 1;
+    case ACT_GELU: *alg = dnnl_eltwise_gelu_erf; return 1;
+    case ACT_GELU_TANH: *alg = dnnl_eltwise_gelu_tanh; return 1;
+    default: return 0;
+    }
+}
+
+static dnnl_status_t reorder(dnnl_primitive_t *prim, const_dnnl_memory_desc_t from,
+                             const_dnnl_memory_desc_t to)
+{
+    dnnl_primitive_desc_t pd;
+    dnnl_status_t s = dnnl.dnnl_reorder_primitive_desc_create(&pd, from, engine, to, engine, NULL);
+    if (s != dnnl_success)
+        return s;
+    s = dnnl.dnnl_primitive_create(prim, pd);
+    dnnl.dnnl_primitive_desc_destroy(pd);
+    return s;
+}
+
+static dnnl_status_t run_reorder(dnnl_primitive_t prim, dnnl_memory_t from, dnnl_memory_t to)
+{
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    return dnnl.dnnl_primitive_execute(prim, stream, 2, args);
+}
+
+/* geometry: batch, in_c, in_h, in_w, out_c, k_h, k_w, group, stride_h, stride_w, pad_top,
+ * pad_left, pad_bottom, pad_right, dil_h, dil_w, out_h, out_w. */
+onednn_conv *onednn_conv_create(const int64_t *geometry, const float *w, const float *bias,
+                                int has_residual, int act, float alpha, float beta, int layout)
+{
+    if (library == NULL) {
+        snprintf(last_error, sizeof last_error, "oneDNN is not opened (onednn_open)");
+        return NULL;
+    }
+    const int64_t *g = geometry;
+    int64_t batch = g[0], in_c = g[1], in_h = g[2], in_w = g[3], out_c = g[4], k_h = g[5],
+            k_w = g[6], group = g[7];
+    dnnl_dims_t src_dims = {batch, in_c, in_h, in_w}, dst_dims = {batch, out_c, g[16], g[17]};
+    dnnl_dims_t w_dims = {group, out_c / group, in_c / group, k_h, k_w}, b_dims = {out_c};
+    dnnl_dims_t strides = {g[8], g[9]}, pad_l = {g[10], g[11]}, pad_r = {g[12], g[13]};
+    dnnl_dims_t dilates = {g[14] - 1, g[15] - 1}; /* oneDNN counts the gaps between taps */
+    dnnl_format_tag_t data_tag = layout == ONEDNN_LAYOUT_PLAIN ? dnnl_nchw : dnnl_format_tag_any;
+
+    onednn_conv *c = calloc(1, sizeof *c);
+    dnnl_memory_desc_t user_src = NULL, user_dst = NULL, user_w = NULL, any_src = NULL,
+                       any_dst = NULL, any_w = NULL, b_md = NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_memory_t user_weights = NULL;
+    dnnl_primitive_t weight_reorder = NULL;
+    if (c == NULL) {
+        snprintf(last_error, sizeof last_error, "out of memory");
+        return NULL;
+    }
+    c->threads = kernels_get_num_threads();
+    omp_set_num_threads(c->threads); /* the primitive is built for the threads it will run on */
+
+    CHECK(dnnl.dnnl_memory_desc_create_with_tag(&user_src, 4, src_dims, dnnl_f32, dnnl_nchw), "source desc");
+    CHECK(dnnl.dnnl_memory_desc_create_with_tag(&user_dst, 4, dst_dims, dnnl_f32, dnnl_nchw), "destination desc");
+    CHECK(dnnl.dnnl_memory_desc_create_with_tag(&user_w, 5, w_dims, dnnl_f32, dnnl_goihw), "weights desc");
+    CHECK(dnnl.dnnl_memory_desc_create_with_tag(&any_src, 4, src_dims, dnnl_f32, data_tag), "source desc");
+    CHECK(dnnl.dnnl_memory_desc_create_with_tag(&any_dst, 4, dst_dims, dnnl_f32, data_tag), "destination desc");
+    CHECK(dnnl.dnnl_memory_desc_create_with_tag(&any_w, 5, w_dims, dnnl_f32, dnnl_format_tag_any), "weights desc");
+    if (bias != NULL)
+        CHECK(dnnl.dnnl_memory_desc_create_with_tag(&b_md, 1, b_dims, dnnl_f32, dnnl_x), "bias desc");
+
+    CHECK(dnnl.dnnl_post_ops_create(&ops), "post-ops");
+    if (has_residual)
+        CHECK(dnnl.dnnl_post_ops_append_sum(ops, 1.0f, 0, dnnl_data_type_undef), "sum post-op");
+    dnnl_alg_kind_t alg;
+    if (eltwise_of(act, &alg))
+        CHECK(dnnl.dnnl_post_ops_append_eltwise(ops, alg, act == ACT_RELU ? 0.0f : alpha, beta),
+              "activation post-op");
+    else if (act != ACT_NONE) {
+        snprintf(last_error, sizeof last_error, "activation %d has no oneDNN post-op", act);
+        goto fail;
+    }
+    CHECK(dnnl.dnnl_primitive_attr_create(&attr), "attributes");
+    CHECK(dnnl.dnnl_primitive_attr_set_post_ops(attr, ops), "attributes");
+    CHECK(dnnl.dnnl_convolution_forward_primitive_desc_create(
+              &pd, engine, dnnl_forward_inference, dnnl_convolution_direct, any_src, any_w, b_md,
+              any_dst, strides, dilates, pad_l, pad_r, attr), "convolution descriptor");
+    CHECK(dnnl.dnnl_primitive_create(&c->conv, pd), "convolution primitive");
+    const char *impl = NULL;
+    if (dnnl.dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+        snprintf(c->implementation, sizeof c->implementation, "%s", impl);
+
+    const_dnnl_memory_desc_t src_md = dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+    const_dnnl_memory_desc_t dst_md = dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    const_dnnl_memory_desc_t w_md = dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    c->bytes[SRC] = dnnl.dnnl_memory_desc_get_size(src_md);
+    c->bytes[DST] = dnnl.dnnl_memory_desc_get_size(dst_md);
+    c->user_dst_bytes = dnnl.dnnl_memory_desc_get_size(user_dst);
+    CHECK(dnnl.dnnl_memory_create(&c->user_src, user_src, engine, DNNL_MEMORY_NONE), "memory");
+    CHECK(dnnl.dnnl_memory_create(&c->user_dst, user_dst, engine, DNNL_MEMORY_NONE), "memory");
+    CHECK(dnnl.dnnl_memory_create(&c->src, src_md, engine, DNNL_MEMORY_NONE), "memory");
+    CHECK(dnnl.dnnl_memory_create(&c->dst, dst_md, engine, DNNL_MEMORY_NONE), "memory");
+    if (!dnnl.dnnl_memory_desc_equal(src_md, user_src))
+        CHECK(reorder(&c->to_src, user_src, src_md), "source reorder");
+    if (!dnnl.dnnl_memory_desc_equal(dst_md, user_dst)) {
+        CHECK(reorder(&c->from_dst, dst_md, user_dst), "destination reorder");
+        if (has_residual)
+            CHECK(reorder(&c->to_dst, user_dst, dst_md), "residual reorder");
+    }
+
+    /* weights (and bias) copied once into memory the plan owns, in the primitive's layout */
+    CHECK(dnnl.dnnl_memory_create(&c->weights, w_md, engine, DNNL_MEMORY_ALLOCATE), "weights memory");
+    CHECK(dnnl.dnnl_memory_create(&user_weights, user_w, engine, (void *)w), "weights memory");
+    CHECK(reorder(&weight_reorder, user_w, w_md), "weights reorder");
+    CHECK(run_reorder(weight_reorder, user_weights, c->weights), "weights reorder");
+    if (bias != NULL) {
+        const_dnnl_memory_desc_t bias_md = dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1);
+        dnnl_memory_t user_bias = NULL;
+        dnnl_primitive_t bias_reorder = NULL;
+        CHECK(dnnl.dnnl_memory_create(&c->bias, bias_md, engine, DNNL_MEMORY_ALLOCATE), "bias memory");
+        CHECK(dnnl.dnnl_memory_create(&user_bias, b_md, engine, (void *)bias), "bias memory");
+        dnnl_status_t s = reorder(&bias_reorder, b_md, bias_md);
+        if (s == dnnl_success)
+            s = run_reorder(bias_reorder, user_bias, c->bias);
+        if (bias_reorder != NULL)
+            dnnl.dnnl_primitive_destroy(bias_reorder);
+        dnnl.dnnl_memory_destroy(user_bias);
+        CHECK(s, "bias reorder");
+    }
+    CHECK(dnnl.dnnl_stream_wait(stream), "weights reorder");
+    goto done;
+fail:
+    onednn_conv_destroy(c);
+    c = NULL;
+done:
+    if (weight_reorder != NULL) dnnl.dnnl_primitive_destroy(weight_reorder);
+    if (user_weights != NULL) dnnl.dnnl_memory_destroy(user_weights);
+    if (pd != NULL) dnnl.dnnl_primitive_desc_destroy(pd);
+    if (attr != NULL) dnnl.dnnl_primitive_attr_destroy(attr);
+    if (ops != NULL) dnnl.dnnl_post_ops_destroy(ops);
+    dnnl_memory_desc_t mds[] = {user_src, user_dst, user_w, any_src, any_dst, any_w, b_md};
+    for (size_t i = 0; i < sizeof mds / sizeof mds[0]; ++i)
+        if (mds[i] != NULL)
+            dnnl.dnnl_memory_desc_destroy(mds[i]);
+    return c;
+}
+
+/* Workspace slot `which` of at least `bytes`, or NULL; called with run_lock held. */
+static void *workspace_for(int which, size_t bytes)
+{
+    if (workspace_bytes[which] < bytes) {
+        free(workspace[which]);
+        size_t rounded = (bytes + 4095) / 4096 * 4096;
+        workspace[which] = aligned_alloc(4096, rounded);
+        workspace_bytes[which] = workspace[which] != NULL ? rounded : 0;
+    }
+    return workspace[which];
+}
+
+static dnnl_status_t execute(onednn_conv *c, void *src, void *dst)
+{
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, c->src}, {DNNL_ARG_WEIGHTS, c->weights},
+                               {DNNL_ARG_DST, c->dst}, {DNNL_ARG_BIAS, c->bias}};
+    dnnl.dnnl_memory_set_data_handle(c->src, src);
+    dnnl.dnnl_memory_set_data_handle(c->dst, dst);
+    return dnnl.dnnl_primitive_execute(c->conv, stream, c->bias != NULL ? 4 : 3, args);
+}
+
+/* y = act(conv(x) + bias + residual) with x, residual and y in NCHW; y may be residual. */
+int onednn_conv_run(onednn_conv *c, const float *x, const float *residual, float *y)
+{
+    int status = -1;
+    pthread_mutex_lock(&run_lock);
+    omp_set_num_threads(c->threads);
+    void *src = (void *)x, *dst = y;
+    if (c->to_src != NULL) {
+        src = workspace_for(SRC, c->bytes[SRC]);
+        if (src == NULL) goto out;
+        dnnl.dnnl_memory_set_data_handle(c->user_src, (void *)x);
+        dnnl.dnnl_memory_set_data_handle(c->src, src);
+        if (run_reorder(c->to_src, c->user_src, c->src) != dnnl_success) goto out;
+    }
+    if (c->from_dst != NULL) {
+        dst = workspace_for(DST, c->bytes[DST]);
+        if (dst == NULL) goto out;
+        if (residual != NULL) {
+            dnnl.dnnl_memory_set_data_handle(c->user_dst, (void *)residual);
+            dnnl.dnnl_memory_set_data_handle(c->dst, dst);
+            if (run_reorder(c->to_dst, c->user_dst, c->dst) != dnnl_success) goto out;
+        }
+    } else if (residual != NULL && residual != y) {
+        memcpy(y, residual, c->user_dst_bytes);
+    }
+    if (execute(c, src, dst) != dnnl_success) goto out;
+    if (c->from_dst != NULL) {
+        dnnl.dnnl_memory_set_data_handle(c->user_dst, y);
+        if (run_reorder(c->from_dst, c->dst, c->user_dst) != dnnl_success) goto out;
+    }
+    status = dnnl.dnnl_stream_wait(stream) == dnnl_success ? 0 : -1;
+out:
+    pthread_mutex_unlock(&run_lock);
+    return status;
+}
+
+/* The convolution alone, x and y already in the primitive's layout (onednn_conv_native_bytes
+ * each); a residual is whatever y holds before the call. */
+int onednn_conv_run_native(onednn_conv *c, const float *x, float *y)
+{
+    pthread_mutex_lock(&run_lock);
+    omp_set_num_threads(c->threads);
+    int status = execute(c, (void *)x, y) == dnnl_success
+                 && dnnl.dnnl_stream_wait(stream) == dnnl_success ? 0 : -1;
+    pthread_mutex_unlock(&run_lock);
+    return status;
+}
+
+size_t onednn_conv_native_bytes(const onednn_conv *c, int which)
+{
+    return c->bytes[which == 0 ? SRC : DST];
+}
+
+const char *onednn_conv_implementation(const onednn_conv *c)
+{
+    return c->implementation;
+}
+
+void onednn_conv_destroy(onednn_conv *c)
+{
+    if (c == NULL)
+        return;
+    dnnl_primitive_t prims[] = {c->conv, c->to_src, c->to_dst, c->from_dst};
+    for (size_t i = 0; i < sizeof prims / sizeof prims[0]; ++i)
+        if (prims[i] != NULL)
+            dnnl.dnnl_primitive_destroy(prims[i]);
+    dnnl_memory_t mems[] = {c->user_src, c->user_dst, c->src, c->dst, c->weights, c->bias};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; ++i)
+        if (mems[i] != NULL)
+            dnnl.dnnl_memory_destroy(mems[i]);
+    free(c);
+}
+
+#endif
