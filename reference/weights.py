@@ -28,7 +28,9 @@ SMALL_TENSOR = 1024  # elements
 # element types with one element per itemsize bytes of raw_data (no 2-, 4- or 6-bit packing)
 _SUB_BYTE = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2",
                                                "FLOAT6E2M3", "FLOAT6E3M2") if hasattr(TensorProto, n)}
-_NOT_DETACHED = _SUB_BYTE | {TensorProto.STRING, TensorProto.UNDEFINED}
+# 4-bit integer weights (QDQ models) are stored as their packed raw bytes, two codes a byte
+_PACKED_4BIT = {TensorProto.INT4, TensorProto.UINT4}
+_NOT_DETACHED = (_SUB_BYTE - _PACKED_4BIT) | {TensorProto.STRING, TensorProto.UNDEFINED}
 
 _DATA_FIELDS = {"raw_data", "float_data", "int32_data", "string_data", "int64_data",
                 "double_data", "uint64_data"}
@@ -64,6 +66,12 @@ class WeightStore:
             entry = tensor.external_data.add()
             entry.key, entry.value = k, v
 
+    def release(self, tensor: TensorProto) -> None:
+        """Drop a stub's array at once: a pass that has replaced the tensor, while it still
+        works (retain drops it only once the pass is done)."""
+        if is_stub(tensor) and _stub_entries(tensor)["store"] == self.token:
+            self.arrays.pop(_stub_entries(tensor)["key"], None)
+
     def retain(self, model: ModelProto) -> None:
         """Drop the arrays that no stub of `model`'s main graph names (a pass replaced them)."""
         used = {_stub_entries(t)["key"] for t in model.graph.initializer
@@ -82,10 +90,25 @@ def is_stub(tensor: TensorProto) -> bool:
 
 
 def tensor_array(tensor: TensorProto) -> np.ndarray:
-    """The tensor's value: from its store for a stub (the store's own read-only array), else
+    """The tensor's value: from its store for a stub (the store's own read-only array; for a
+    4-bit type, its codes unpacked from the stored bytes on each call), else
     numpy_helper.to_array."""
     if not is_stub(tensor):
         return numpy_helper.to_array(tensor)
+    array = stored_array(tensor)
+    if tensor.data_type not in _PACKED_4BIT:
+        return array
+    unpacked = TensorProto()
+    _copy_fields(tensor, unpacked, skip={"external_data", "data_location"})
+    unpacked.raw_data = array.tobytes()
+    values = numpy_helper.to_array(unpacked)
+    values.setflags(write=False)
+    return values
+
+
+def stored_array(tensor: TensorProto) -> np.ndarray:
+    """What a stub's store holds for it: its values, or for a 4-bit type its packed raw bytes
+    (uint8), without a copy."""
     entries = _stub_entries(tensor)
     store = _STORES.get(entries.get("store", ""))
     if store is None or entries.get("key") not in store.arrays:
@@ -94,6 +117,21 @@ def tensor_array(tensor: TensorProto) -> np.ndarray:
             f"holds it (the session is gone, or a pass dropped the tensor); use the model the "
             f"session gives out (InferenceSession.optimized_model), which carries its weights")
     return store.arrays[entries["key"]]
+
+
+def store_of(tensor: TensorProto) -> WeightStore | None:
+    """The store a stub's data lives in (None for a tensor that is no stub)."""
+    return _STORES.get(_stub_entries(tensor).get("store", "")) if is_stub(tensor) else None
+
+
+def _array_to_store(tensor: TensorProto) -> np.ndarray | None:
+    """The array a store keeps for a tensor: its values, or for a 4-bit type its packed raw
+    bytes (None when they are not raw: such a tensor stays in the model)."""
+    if tensor.data_type in _PACKED_4BIT:
+        if not tensor.HasField("raw_data"):
+            return None
+        return np.frombuffer(tensor.raw_data, np.uint8).copy()
+    return numpy_helper.to_array(tensor)
 
 
 def _detachable(tensor: TensorProto) -> bool:
@@ -105,6 +143,8 @@ def _detachable(tensor: TensorProto) -> bool:
 
 
 def _raw_size_fits(tensor: TensorProto, size: int) -> bool:
+    if tensor.data_type in _PACKED_4BIT:
+        return size == (math.prod(tensor.dims) + 1) // 2
     itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     return size == math.prod(tensor.dims) * itemsize
 
@@ -118,10 +158,11 @@ def detach_initializers(model: ModelProto, store: WeightStore) -> None:
         if tensor.HasField("raw_data") and not _raw_size_fits(tensor, len(tensor.raw_data)):
             continue
         try:
-            array = numpy_helper.to_array(tensor)
+            array = _array_to_store(tensor)
         except ValueError:  # data of another size than the shape: the checker names it
             continue
-        store.stub(tensor, array)
+        if array is not None:
+            store.stub(tensor, array)
 
 
 def attached(model: ModelProto) -> ModelProto:
@@ -130,7 +171,7 @@ def attached(model: ModelProto) -> ModelProto:
     copy.CopyFrom(model)
     for tensor in copy.graph.initializer:
         if is_stub(tensor):
-            array = tensor_array(tensor)
+            array = stored_array(tensor)
             del tensor.external_data[:]
             tensor.ClearField("data_location")
             tensor.raw_data = array.tobytes()
@@ -165,10 +206,10 @@ def copy_without_weights(model: ModelProto, store: WeightStore) -> ModelProto:
     for tensor in model.graph.initializer:
         target = copy.graph.initializer.add()
         fits = not tensor.HasField("raw_data") or _raw_size_fits(tensor, len(tensor.raw_data))
-        if not (_detachable(tensor) and fits):
-            target.CopyFrom(tensor)  # small, or a size mismatch the checker names
+        array = _array_to_store(tensor) if _detachable(tensor) and fits else None
+        if array is None:
+            target.CopyFrom(tensor)  # small, 4-bit and not raw, or a size mismatch the checker names
             continue
-        array = numpy_helper.to_array(tensor)
         _copy_fields(tensor, target, skip=_DATA_FIELDS)
         store.stub(target, array)
     return copy
@@ -280,8 +321,10 @@ def _read_tensor(f, start: int, length: int, store: WeightStore) -> bytes:
             f.seek(at)
             if f.readinto(memoryview(buffer)) != size:
                 raise _Unreadable("the file ends early")
-            dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-            store.stub(tensor, buffer.view(dtype).reshape(tuple(tensor.dims)))
+            if tensor.data_type not in _PACKED_4BIT:
+                dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+                buffer = buffer.view(dtype).reshape(tuple(tensor.dims))
+            store.stub(tensor, buffer)
         else:
             tensor.raw_data = _read_exactly(f, at, size)
     return tensor.SerializeToString()
@@ -323,4 +366,5 @@ def read_model_file(path: str, store: WeightStore) -> ModelProto | None:
 
 
 __all__ = ["MEMORY_LOCATION", "WeightStore", "attached", "checkable", "copy_without_weights",
-           "detach_initializers", "is_stub", "read_model_file", "tensor_array"]
+           "detach_initializers", "is_stub", "read_model_file", "store_of", "stored_array",
+           "tensor_array"]
