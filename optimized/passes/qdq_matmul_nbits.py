@@ -17,9 +17,15 @@ move by 2^(bits - 1), which keeps every difference. Per-tensor and per-channel s
 repeated over MatMulNBits blocks; a blockwise DequantizeLinear whose block size has no power-of-2
 divisor >= 16 (MatMulNBits's block sizes) stays as it is, as do float16 scales, weights
 read by anything but MatMul's second input, and external data not loaded.
+
+In a session the weights live in a WeightStore (reference/weights.py): the repacked ones go
+straight into it, and each quantized weight leaves it as soon as it is repacked (optimize would
+drop it after this pass anyway), so only one weight is ever held twice.
 """
 from __future__ import annotations
 
+import collections
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +33,7 @@ import onnx
 from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper
 
-from reference.weights import is_stub, tensor_array
+from reference.weights import SMALL_TENSOR, is_stub, store_of, stored_array, tensor_array
 
 from .. import kernels
 from ._graph import (
@@ -70,8 +76,13 @@ def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     taken = ({t.name for t in result.graph.initializer} | {i.name for i in graph.input}
              | set(made_by))
     fused = {}
+    pending = collections.Counter(name for m in matches for name in m.quantized)
     for match in matches:
         inputs, attrs = _nbits_weights(result.graph, constants, match, taken)
+        for name in match.quantized:  # repacked: only one weight is ever held twice
+            pending[name] -= 1
+            if not pending[name] and name not in read and store_of(constants[name]):
+                store_of(constants[name]).release(constants[name])
         for out in match.matmul_outputs:
             matmul = graph.node[made_by[out]]
             fused[made_by[out]] = helper.make_node(
@@ -114,8 +125,8 @@ class Match(NamedTuple):
     n: int
     transposed: bool  # the weight is [N, K], read through Transpose(perm [1, 0])
     dq_block: int  # the DequantizeLinear's block size along K (K when per channel or tensor)
-    scales: np.ndarray  # [blocks, N]
-    zero_points: np.ndarray | None  # [blocks, N], as integers
+    layout: str  # of its scales and zero points: "blocks", "channel" or "tensor"
+    quantized: list[str]  # the weight, scales and zero points (if any)
     removed: list[str]  # outputs of the DequantizeLinear (and Transpose) nodes that go
     matmul_outputs: list[str]
 
@@ -147,12 +158,13 @@ def _match(node, constants, uses, outputs, opset) -> Match | None:
     k, n = (cols, rows) if transposed else (rows, cols)
     if k == 0 or n == 0:
         return None
-    zero_point = tensor_array(constants[zp_name]).astype(np.int16) if zp_name else None
-    params = _along_k(node, k, n, transposed, tensor_array(scale), zero_point, opset)
+    zp_dims = tuple(constants[zp_name].dims) if zp_name else None
+    params = _along_k(node, k, n, transposed, tuple(scale.dims), zp_dims, opset)
     if params is None or _nbits_block(params[0], k) is None:
         return None
     bits, signed = CODE_TYPES[x.data_type]
-    return Match(node.input[0], bits, signed, k, n, transposed, *params, removed,
+    return Match(node.input[0], bits, signed, k, n, transposed, *params,
+                 [name for name in node.input[:3] if name], removed,
                  [r.output[0] for r in readers])
 
 
@@ -170,36 +182,33 @@ def _reads_as_weight(node, name) -> bool:
             and node.input[1] == name and node.input[0] != name)
 
 
-def _along_k(dq, k, n, transposed, scale, zero_point, opset):
-    """(block size along K, scales [blocks, N], zero points [blocks, N] or None) of the
-    DequantizeLinear, or None when its quantization does not run in blocks along K."""
+def _along_k(dq, k, n, transposed, scale_shape, zp_shape, opset):
+    """(block size along K, layout of the scales) of the DequantizeLinear, or None when its
+    quantization does not run in blocks along K; zero points, if any, have the scales' shape."""
     k_axis = 1 if transposed else 0
     block = attr(dq, "block_size", 0) if opset >= 21 else 0
     axis = attr(dq, "axis", 1)
-    if not -2 <= axis < 2:
+    if not -2 <= axis < 2 or zp_shape not in (None, scale_shape):
         return None
     axis %= 2
-
-    def kn(p):
-        return None if p is None else (p.T if k_axis == 1 else p)
-
     if block > 0:
         blocks = -(-k // block)
         expected = (blocks, n) if k_axis == 0 else (n, blocks)
-        if axis != k_axis or scale.shape != expected:
-            return None
-        if zero_point is not None and zero_point.shape != expected:
-            return None
-        return block, kn(scale), kn(zero_point)
-    if scale.size == 1 and scale.ndim <= 1:  # per tensor
-        row = np.full((1, n), scale.reshape(-1)[0], scale.dtype)
-        zp = None if zero_point is None else np.full((1, n), zero_point.reshape(-1)[0])
-        return k, row, zp
-    if scale.ndim == 1 and axis != k_axis and scale.shape == (n,):  # per output channel
-        if zero_point is not None and zero_point.shape != (n,):
-            return None
-        return k, scale[None, :], None if zero_point is None else zero_point[None, :]
+        return (block, "blocks") if axis == k_axis and scale_shape == expected else None
+    if len(scale_shape) <= 1 and math.prod(scale_shape) == 1:
+        return k, "tensor"
+    if axis != k_axis and scale_shape == (n,):  # per output channel
+        return k, "channel"
     return None
+
+
+def _per_block(values, match: Match) -> np.ndarray:
+    """Scales or zero points as [DequantizeLinear blocks along K, N]."""
+    if match.layout == "tensor":
+        return np.full((1, match.n), values.reshape(-1)[0], values.dtype)
+    if match.layout == "channel":
+        return values.reshape(1, match.n)
+    return values.T if match.transposed else values
 
 
 def _nbits_block(dq_block: int, k: int) -> int | None:
@@ -219,28 +228,33 @@ def _nbits_weights(graph, constants, match: Match, taken: set[str]):
     block = _nbits_block(match.dq_block, match.k)
     blocks = -(-match.k // block)
     dq_of = np.arange(blocks) * block // match.dq_block  # the DequantizeLinear block of each
-    scales = np.ascontiguousarray(match.scales[dq_of].T, dtype=np.float32)
+    scale_name, zp_name = (match.quantized + [""])[1:3]
+    same = blocks == -(-match.k // match.dq_block)  # the DequantizeLinear's own blocks
+    per_block = _per_block(tensor_array(constants[scale_name]), match)
+    scales = np.ascontiguousarray((per_block if same else per_block[dq_of]).T, np.float32)
     codes = kernels.matmul_nbits_pack(
         _raw_codes(constants[match.weight], match.bits), k=match.k, n=match.n, bits=match.bits,
         block_size=block, transposed=match.transposed, signed=match.signed)
     offset = 1 << (match.bits - 1)
-    zp = (np.zeros((match.n, blocks), np.int16) if match.zero_points is None
-          else match.zero_points[dq_of].T) + (offset if match.signed else 0)
-    base = match.weight
-    names = [_add(graph, f"{base}_nbits", codes, taken),
-             _add(graph, f"{base}_nbits_scales", scales, taken)]
+    zp = (_per_block(tensor_array(constants[zp_name]), match)[dq_of].T.astype(np.int16)
+          if zp_name else np.zeros((match.n, blocks), np.int16)) + (offset if match.signed else 0)
+    base, store = match.weight, store_of(constants[match.weight])
+    names = [_add(graph, f"{base}_nbits", codes, taken, store),
+             _add(graph, f"{base}_nbits_scales", scales, taken, store)]
     if not np.all(zp == offset):  # else MatMulNBits's default zero point
         names.append(_add(graph, f"{base}_nbits_zero_points",
-                          _packed_zero_points(zp, match.bits), taken))
+                          _packed_zero_points(zp, match.bits), taken, store))
     return names, {"K": match.k, "N": match.n, "bits": match.bits, "block_size": block}
 
 
 def _raw_codes(tensor, bits):
     """The tensor's codes as its raw data holds them (4-bit: two a byte, low nibble first)."""
+    if is_stub(tensor):  # held by a session's weight store: its bytes, without a copy
+        return np.ascontiguousarray(stored_array(tensor)).reshape(-1).view(np.uint8)
     raw = tensor.raw_data
     if raw:
         return raw
-    values = tensor_array(tensor)  # a stub's array from its weight store, or int32_data's
+    values = numpy_helper.to_array(tensor)  # int32_data's
     if bits == 8:  # int8/uint8: the bytes are the codes
         return np.ascontiguousarray(values).reshape(-1).view(np.uint8)
     codes = (values.astype(np.int16).reshape(-1) & 15).astype(np.uint8)
@@ -261,11 +275,19 @@ def _packed_zero_points(zp, bits):
     return zp[:, 0::2] | (zp[:, 1::2] << 4)
 
 
-def _add(graph, base: str, array: np.ndarray, taken: set[str]) -> str:
+def _add(graph, base: str, array: np.ndarray, taken: set[str], store) -> str:
+    """A new initializer; a large one goes straight into the weight store (if the weights came
+    from one), never into a TensorProto."""
     name, k = base, 0
     while name in taken:
         k += 1
         name = f"{base}_{k}"
     taken.add(name)
-    graph.initializer.append(numpy_helper.from_array(array, name))
+    if store is None or array.size <= SMALL_TENSOR:
+        graph.initializer.append(numpy_helper.from_array(array, name))
+    else:
+        tensor = graph.initializer.add()
+        tensor.name, tensor.data_type = name, helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape)
+        store.stub(tensor, array)
     return name

@@ -322,3 +322,33 @@ def test_onnxruntime_quantizer_qdq_output(symmetric, channel_wise):
     theirs = ort.InferenceSession(qdq.SerializeToString(), options,
                                   providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
     assert_agrees_with_qdq_graph(qdq, session.optimized_model, a, theirs)
+
+
+def test_two_dequantize_nodes_on_one_weight():
+    """Two DequantizeLinear nodes read one quantized weight: both become MatMulNBits (the weight
+    leaves the session's weight store only after its last repacking)."""
+    rng = np.random.default_rng(9)
+    model = qdq_model(rng, k=96, n=40, signed=False, zero_points=True)
+    dq = model.graph.node[0]
+    model.graph.node.append(helper.make_node("DequantizeLinear", list(dq.input), ["w_dq2"],
+                                             axis=0, block_size=32))
+    model.graph.node.append(helper.make_node("MatMul", ["a", "w_dq2"], ["y2"]))
+    model.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["M", 40]))
+    a = rng.standard_normal((3, 96), dtype=np.float32)
+    session = optimized.InferenceSession(model.SerializeToString())
+    y, y2 = session.run(None, {"a": a})
+    assert op_types(session.optimized_model) == {"com.microsoft::MatMulNBits": 2}
+    np.testing.assert_array_equal(y, y2)
+    reference = ReferenceEvaluator(model).run(None, {"a": a})[0]
+    np.testing.assert_allclose(y, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_level_0_runs_the_qdq_graph_from_the_weight_store():
+    """Without the pass (level 0) the DequantizeLinear runs as the reference op on the 4-bit
+    weight the session's store holds packed: exactly the reference's result."""
+    rng = np.random.default_rng(10)
+    model = qdq_model(rng, k=100, n=64, signed=True)
+    a = rng.standard_normal((2, 100), dtype=np.float32)
+    session, got = run_session(model, a, optimized.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    assert "DequantizeLinear" in op_types(session.optimized_model)
+    np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"a": a})[0])
