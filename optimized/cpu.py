@@ -17,6 +17,9 @@ from reference.registry import lookup
 
 from . import kernels
 from .passes.silu_mlp_fusion import FUSED_DOMAIN, SILU_MUL
+from . import decoder_ops
+from .passes.gqa_fusion import GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
+from .passes.rotary_fusion import ROTARY, ROTARY_INTERLEAVED
 from .plan import ALIAS
 
 MS = "com.microsoft"
@@ -295,6 +298,12 @@ KERNELS = {
     (MS, "SimplifiedLayerNormalization"): simplified_layer_normalization,
     (MS, "SkipSimplifiedLayerNormalization"): skip_simplified_layer_normalization,
     (FUSED_DOMAIN, SILU_MUL): silu_mul,
+    (FUSED_DOMAIN, ROTARY): decoder_ops.rotary,
+    (FUSED_DOMAIN, ROTARY_INTERLEAVED): decoder_ops.rotary_interleaved,
+    (FUSED_DOMAIN, GROUPED_ATTENTION): decoder_ops.grouped_attention,
+    (FUSED_DOMAIN, GROUPED_ATTENTION_MASKED): decoder_ops.grouped_attention_masked,
+    (MS, "RotaryEmbedding"): decoder_ops.rotary_embedding,
+    (MS, "GroupQueryAttention"): decoder_ops.group_query_attention,
 }
 
 

@@ -19,12 +19,14 @@ from .cse import eliminate_common_subexpressions
 from .dead_code import eliminate_dead_code
 from .fuse_bias_activation import fuse_bias_activation
 from .gelu_fusion import fuse_gelu
+from .gqa_fusion import fuse_grouped_attention
 from .identity_elimination import eliminate_identities
 from .initializer_inputs import freeze_initializer_inputs
 from .layer_norm_fusion import fuse_layer_norm
 from .matmul_add_to_gemm import matmul_add_to_gemm
 from .qdq_matmul_nbits import fuse_dequantize_matmul
 from .rms_norm_fusion import fuse_rms_norm
+from .rotary_fusion import fuse_rotary
 from .silu_mlp_fusion import fuse_silu_mlp
 
 
@@ -49,6 +51,8 @@ PASSES: list[Pass] = [
     Pass("gelu_fusion", 2, fuse_gelu),
     Pass("silu_mlp_fusion", 2, fuse_silu_mlp),
     Pass("attention_fusion", 2, fuse_attention),
+    Pass("rotary_fusion", 2, fuse_rotary),
+    Pass("gqa_fusion", 2, fuse_grouped_attention),
     Pass("conv_bn_folding", 2, fold_conv_batchnorm),
     Pass("conv_affine_folding", 2, fold_conv_affine),
     Pass("batchnorm_to_affine", 2, batchnorm_to_affine),

@@ -234,9 +234,11 @@ def splice(nodes: list, old: list, new: list) -> list:
 class Shapes:
     """Element types and shapes from onnx shape inference (None where unknown)."""
 
-    def __init__(self, model):
+    def __init__(self, model, data_prop: bool = False):
+        # data_prop: shapes computed in the graph (Shape, Gather, Concat) are followed too
         try:
-            inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
+            inferred = onnx.shape_inference.infer_shapes(_without_weights(model),
+                                                         data_prop=data_prop)
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
             inferred = model  # passes that need a shape then find none and leave the node
         g = inferred.graph
