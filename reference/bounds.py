@@ -501,3 +501,55 @@ def _skip_rms_bound(inputs, y, attrs, opset, u):
     s = x + skip + bias
     s_error = gamma(2, u) * (np.abs(x) + np.abs(skip) + np.abs(bias))
     return _rms_error(s, y, (x.ndim - 1,), u, s_error)
+
+
+# rotary embedding and grouped-query attention ----------------------------------------------------
+@rule("RotaryEmbedding", domain=MS,
+      reason="each rotated value is x_a cos - x_b sin: two rounded products and a rounded sum, "
+             "gamma(2) (|x_a cos| + |x_b sin|); values past the rotary dimension pass through")
+def _rotary_embedding_bound(inputs, y, attrs, opset, u):
+    rotate = lookup(MS, "RotaryEmbedding", 1).fn
+    x, position_ids, cos, sin = (np.abs(t) if i != 1 else t for i, t in enumerate(inputs[:4]))
+    with_cos = rotate(x, position_ids, cos, np.zeros_like(sin), **attrs)
+    with_sin = rotate(x, position_ids, np.zeros_like(cos), sin, **attrs)
+    return gamma(2, u) * (np.abs(with_cos) + np.abs(with_sin))
+
+
+@rule("GroupQueryAttention", domain=MS,
+      reason="softmax(scale Q K^T + bias) V over the present cache, K and V heads shared by "
+             "groups of query heads, as for MultiHeadAttention: the scores as dot products of "
+             "length H (gamma(H + 2)); softmax moves p_i by p_i (|ds_i| + sum_j p_j |ds_j|) "
+             "plus its own error; the product with V a dot product of length T plus |dP| |V|")
+def _gqa_bound(inputs, y, attrs, opset, u):
+    if attrs.get("do_rotary") or attrs.get("softcap") or any(
+            t is not None for t in inputs[11:]) or attrs.get("smooth_softmax", -1) == 1:
+        raise NotImplementedError("rotary, softcap, sinks and the other extensions have no "
+                                  "written bound")
+    query = inputs[0]
+    n, nkv = attrs.get("num_heads", 1), attrs.get("kv_num_heads", 1)
+    _, present_k, present_v, scores = lookup(MS, "GroupQueryAttention", 1).fn(*inputs, **attrs)
+    if inputs[1] is None:  # packed QKV
+        query = query[..., : query.shape[-1] // (n + 2 * nkv) * n]
+    q = _heads(query, n)
+    group = n // nkv
+    k = np.repeat(present_k, group, axis=1)
+    v = np.repeat(present_v, group, axis=1)
+    h = q.shape[-1]
+    scale = attrs.get("scale", 0.0) or 1.0 / np.sqrt(h)
+    bias = inputs[10] if len(inputs) > 10 and inputs[10] is not None else None
+    magnitude = scale * np.abs(q) @ np.abs(np.swapaxes(k, -1, -2))
+    if bias is not None:
+        magnitude = magnitude + np.abs(bias[..., : k.shape[2]])
+    d_scores = gamma(h + 2, u) * magnitude
+    visible = np.isfinite(scores)
+    m = np.where(visible, scores, -np.inf).max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.where(visible, np.exp(np.where(visible, scores, 0.0) - m), 0.0)
+    total = e.sum(-1, keepdims=True)
+    p = e / np.where(total == 0, 1.0, total)
+    d_scores = np.where(visible, d_scores, 0.0)
+    d_p = p * (d_scores + np.sum(p * d_scores, -1, keepdims=True)) + softmax_error(
+        np.where(visible, scores, -np.inf), p, (scores.ndim - 1,), u)
+    d_out = gamma(k.shape[-2], u) * (p @ np.abs(v)) + d_p @ np.abs(v)
+    b, heads, s, hv = d_out.shape
+    return d_out.transpose(0, 2, 1, 3).reshape(b, s, heads * hv)

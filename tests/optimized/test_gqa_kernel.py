@@ -1,0 +1,249 @@
+"""The rotary and grouped-query attention kernels (csrc/rotary.c, csrc/gqa.c) against the
+reference ops com.microsoft RotaryEmbedding and GroupQueryAttention, judged by the bound policy
+of reference/agreement.py, with hypothesis over batch, query and KV heads, head size, sequence,
+past length, padding, sliding window and masks; and small cases worked out by hand."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import helper
+
+from optimized import decoder_ops, kernels
+from reference.agreement import check_node
+from reference.registry import lookup
+
+MS = "com.microsoft"
+SETTINGS = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def reference_op(op_type, **attrs):
+    fn = lookup(MS, op_type, 1).fn
+
+    def run(*inputs):
+        result = fn(*inputs, **attrs)
+        return result if isinstance(result, tuple) else (result,)
+
+    return run
+
+
+def judge(op_type, outputs, inputs, actual, **attrs):
+    node = helper.make_node(op_type, [f"in{i}" for i in range(len(inputs))], outputs,
+                            domain=MS, name="under_test", **attrs)
+    actual = list(actual) if isinstance(actual, tuple) else [actual]
+    verdict = check_node(node, 1, list(inputs), actual, reference_op(op_type, **attrs))
+    assert verdict.ok, verdict.message()
+    return verdict
+
+
+# --- GroupQueryAttention ----------------------------------------------------------------------
+@st.composite
+def gqa_cases(draw):
+    batch = draw(st.integers(1, 3))
+    kv = draw(st.integers(1, 3))
+    group = draw(st.integers(1, 4))
+    head = draw(st.integers(1, 9))
+    seq = draw(st.integers(1, 5))
+    past = draw(st.integers(0, 6))
+    window = draw(st.sampled_from([-1, 1, 2, 5]))
+    total = past + seq
+    # right padding: an entry's cache may hold fewer positions than the buffer
+    pads = [draw(st.integers(0, past)) for _ in range(batch)]
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    f = np.float32
+    inputs = [rng.standard_normal((batch, seq, kv * group * head)).astype(f),
+              rng.standard_normal((batch, seq, kv * head)).astype(f),
+              rng.standard_normal((batch, seq, kv * head)).astype(f),
+              rng.standard_normal((batch, kv, past, head)).astype(f) if past else None,
+              rng.standard_normal((batch, kv, past, head)).astype(f) if past else None,
+              np.array([total - 1 - p for p in pads], np.int32),
+              np.array(total, np.int32)]
+    bias = draw(st.booleans())
+    if bias:  # attention_bias (B|1, N|1, S, T)
+        shape = (draw(st.sampled_from([1, batch])), draw(st.sampled_from([1, kv * group])),
+                 seq, total)
+        inputs += [None, None, None, rng.standard_normal(shape).astype(f)]
+    attrs = {"num_heads": kv * group, "kv_num_heads": kv, "local_window_size": window}
+    if draw(st.booleans()):
+        attrs["scale"] = draw(st.sampled_from([0.25, 1.5]))
+    return inputs, attrs
+
+
+@SETTINGS
+@given(gqa_cases())
+def test_group_query_attention_kernel_within_the_bound(case):
+    inputs, attrs = case
+    got = decoder_ops.group_query_attention(*inputs, **attrs)
+    assert got is not NotImplemented
+    judge("GroupQueryAttention", ["y", "present_key", "present_value"], inputs, got, **attrs)
+
+
+@SETTINGS
+@given(gqa_cases(), st.booleans())
+def test_group_query_attention_with_rotary_matches_the_reference(case, interleaved):
+    inputs, attrs = case
+    head = inputs[1].shape[-1] // attrs["kv_num_heads"]
+    if head % 2:
+        return  # rotary pairs need an even head size
+    inputs = inputs[:7] + [None, None, None] + inputs[10:]
+    rng = np.random.default_rng(head)
+    angles = rng.uniform(0, 6, (16, head // 2))
+    inputs[7], inputs[8] = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    attrs = {**attrs, "do_rotary": 1, "rotary_interleaved": int(interleaved)}
+    got = decoder_ops.group_query_attention(*inputs, **attrs)
+    expected = lookup(MS, "GroupQueryAttention", 1).fn(*inputs, **attrs)[:3]
+    # no bound is written for the rotary form: the corpus policy's tolerance
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_group_query_attention_decode_by_hand():
+    # 2 query heads share 1 KV head; head size 1, scale 1; the new key 1 joins the cached key 0
+    q = np.array([[[1.0, 2.0]]], np.float32)           # (B=1, S=1, N*H=2)
+    k = np.array([[[1.0]]], np.float32)                 # new key
+    v = np.array([[[20.0]]], np.float32)                # new value
+    past_k = np.array([[[[0.0]]]], np.float32)
+    past_v = np.array([[[[10.0]]]], np.float32)
+    y, present_k, present_v = decoder_ops.group_query_attention(
+        q, k, v, past_k, past_v, np.array([1], np.int32), np.array(2, np.int32),
+        num_heads=2, kv_num_heads=1, scale=1.0)
+    # head h: scores [0, q_h], p = softmax, y = 10 p0 + 20 p1
+    expected = [10 + 10 * math.exp(s) / (1 + math.exp(s)) for s in (1.0, 2.0)]
+    np.testing.assert_allclose(y.reshape(-1), expected, rtol=1e-6)
+    np.testing.assert_array_equal(present_k.reshape(-1), [0.0, 1.0])
+    np.testing.assert_array_equal(present_v.reshape(-1), [10.0, 20.0])
+
+
+def test_window_of_one_sees_only_the_query_itself():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 3, 2, 4)).astype(np.float32)   # (B, S, N, H) "bsnh"
+    k = rng.standard_normal((1, 1, 5, 4)).astype(np.float32)
+    v = rng.standard_normal((1, 1, 5, 4)).astype(np.float32)
+    y = kernels.grouped_attention(q, k, v, mask=None, q_layout="bsnh", q_pos=[2], causal=True,
+                                  window=1)
+    # queries at positions 2, 3, 4 each see their own key alone: the output is its value
+    for i in range(3):
+        for h in range(2):
+            np.testing.assert_array_equal(y[0, i, h], v[0, 0, 2 + i])
+
+
+def test_head_table_reads_the_named_kv_head():
+    # a cyclic table (Tile of the heads axis): query head h reads KV head h % 2
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 6, 5)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 6, 7)).astype(np.float32)
+    mask = rng.standard_normal((2, 1, 3, 6)).astype(np.float32)
+    table = np.array([0, 1, 0, 1])
+    y = kernels.grouped_attention(q, k, v, table, mask, scale=0.3)
+    kk, vv = k[:, table], v[:, table]
+    scores = 0.3 * q.astype(np.float64) @ kk.transpose(0, 1, 3, 2) + mask
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(y, (p @ vv).transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_that_sees_no_key_is_nan_like_softmax_or_zero():
+    q = np.ones((1, 1, 2, 2), np.float32)
+    k = np.ones((1, 1, 3, 2), np.float32)
+    v = np.ones((1, 1, 3, 2), np.float32)
+    mask = np.zeros((1, 1, 2, 3), np.float32)
+    mask[0, 0, 1] = -np.inf  # the second query sees nothing
+    y = kernels.grouped_attention(q, k, v, mask=mask, empty_nan=True)
+    assert np.isnan(y[0, 1]).all() and np.isfinite(y[0, 0]).all()
+    y = kernels.grouped_attention(q, k, v, mask=mask)
+    np.testing.assert_array_equal(y[0, 1], 0.0)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(k=np.zeros((1, 3, 4, 8), np.float32), v=np.zeros((1, 3, 4, 8), np.float32)),
+     "do not group"),
+    (dict(kv_head_of=[0, 2]), "kv_head_of"),
+    (dict(mask=np.zeros((1, 1, 2, 5), np.float32)), "does not broadcast"),
+    (dict(v=np.zeros((1, 1, 3, 8), np.float32)), "V must be"),
+    (dict(q_layout="nbsh"), "q_layout"),
+])
+def test_bad_arguments_are_named(bad, message):
+    args = dict(q=np.zeros((1, 2, 2, 8), np.float32), k=np.zeros((1, 1, 4, 8), np.float32),
+                v=np.zeros((1, 1, 4, 8), np.float32))
+    args.update(bad)
+    with pytest.raises(ValueError, match=message):
+        kernels.grouped_attention(**args)
+
+
+# --- rotary embedding -----------------------------------------------------------------------
+@st.composite
+def rotary_cases(draw):
+    batch, seq, heads = draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 4))
+    half = draw(st.integers(1, 6))
+    head = 2 * half + draw(st.sampled_from([0, 0, 2, 4]))  # rotary dim below the head size
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    positions = 16
+    angles = rng.uniform(0, 6, (positions, head // 2))
+    attrs = {"interleaved": int(draw(st.booleans()))}
+    if head != 2 * half:
+        attrs["rotary_embedding_dim"] = 2 * half
+        attrs["num_heads"] = heads
+    if draw(st.booleans()):
+        x = rng.standard_normal((batch, heads, seq, head)).astype(np.float32)
+    else:
+        x = rng.standard_normal((batch, seq, heads * head)).astype(np.float32)
+        attrs["num_heads"] = heads
+    if draw(st.booleans()):
+        position_ids = rng.integers(0, positions, (batch, seq)).astype(np.int64)
+    else:
+        position_ids = np.array([draw(st.integers(0, positions - seq))], np.int64)
+    return [x, position_ids, np.cos(angles).astype(np.float32),
+            np.sin(angles).astype(np.float32)], attrs
+
+
+@SETTINGS
+@given(rotary_cases())
+def test_rotary_embedding_kernel_within_the_bound(case):
+    inputs, attrs = case
+    got = decoder_ops.rotary_embedding(*inputs, **attrs)
+    assert got is not NotImplemented
+    judge("RotaryEmbedding", ["y"], inputs, got, **attrs)
+
+
+def test_rotary_turns_a_pair_by_hand():
+    # x = (1, 2 | 3, 4) with halves (1, 2) and (3, 4): pair (1, 3) turns by 90 degrees,
+    # pair (2, 4) by 0: (1, 3) -> (-3, 1); (2, 4) stays
+    x = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    cos = np.array([[0.0, 1.0]], np.float32)
+    sin = np.array([[1.0, 0.0]], np.float32)
+    np.testing.assert_array_equal(kernels.rotary(x, cos, sin), [[-3.0, 2.0, 1.0, 4.0]])
+    # interleaved: pairs (1, 2) and (3, 4)
+    np.testing.assert_array_equal(kernels.rotary(x, cos, sin, interleaved=True),
+                                  [[-2.0, 1.0, 3.0, 4.0]])
+
+
+@SETTINGS
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 5), st.integers(1, 6),
+       st.booleans(), st.integers(0, 2**16))
+def test_full_width_rotary_equals_the_decomposed_graph_bit_for_bit(batch, heads, seq, half,
+                                                                   interleaved, seed):
+    # what rotary_fusion replaces: x * cos + rotate(x) * sin, each op rounded (no FMA)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, heads, seq, 2 * half)).astype(np.float32)
+    cos = rng.standard_normal((batch, 1, seq, 2 * half)).astype(np.float32)
+    sin = rng.standard_normal((batch, 1, seq, 2 * half)).astype(np.float32)
+    fast = decoder_ops.rotary_interleaved if interleaved else decoder_ops.rotary
+    if interleaved:
+        pairs = x.reshape(batch, heads, seq, half, 2)
+        rotated = np.concatenate([-pairs[..., 1:], pairs[..., :1]], -1).reshape(x.shape)
+    else:
+        rotated = np.concatenate([-x[..., half:], x[..., :half]], -1)
+    np.testing.assert_array_equal(fast(x, cos, sin), x * cos + rotated * sin)
+
+
+def test_rotary_shapes_it_cannot_take_are_named():
+    x = np.zeros((2, 3, 8), np.float32)
+    with pytest.raises(ValueError, match="fits no rotation"):
+        kernels.rotary(x, np.zeros((3, 5), np.float32), np.zeros((3, 5), np.float32))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        kernels.rotary(x, np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        kernels.rotary(x.astype(np.float64), np.zeros((3, 8)), np.zeros((3, 8)))
