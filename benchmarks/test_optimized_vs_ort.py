@@ -6,7 +6,8 @@ runs in its own spawned worker process (benchmarks/isolated.py), which builds th
 its session from the serialized bytes (timing the creation, see benchmarks/sessions.py) and
 then serves rounds. The test alternates rounds: optimized, onnxruntime, optimized, ... after one
 warm-up round each; a round is ITERATIONS calls of `run` (1 for most models), timed inside the
-worker, so the messages between the processes are not timed.
+worker, so the messages between the processes are not timed. The number of rounds is what fits
+ROUND_BUDGET_SECONDS judged by the warm-up step, between MIN_ROUNDS and MAX_ROUNDS.
 
 - optimized runs at level 99 (ORT_ENABLE_ALL); chain100 also runs at level 1
   ("optimized-level1": nothing fused, one kernel call per node, for the per-node overhead).
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 import numpy as np
 import pytest
@@ -52,16 +54,18 @@ from reference import ReferenceEvaluator
 
 THREADS = [1, 2]
 RTOL, ATOL = 1e-3, 1e-4
-# models whose runs take a tenth of a second or more get fewer rounds
-HEAVY = {"gpt2_seq128", "bert_layer", "light_resnet50", "light_vgg19", "light_densenet121",
-         "light_inception_v2"}
+# rounds per test: as many as fit ROUND_BUDGET_SECONDS of alternation steps, judged by the
+# warm-up step, within [MIN_ROUNDS, MAX_ROUNDS], so that a slow model (or a busy machine) keeps
+# the suite's time bounded without cutting a fast model's rounds
+MIN_ROUNDS, MAX_ROUNDS, ROUND_BUDGET_SECONDS = 5, 15, 8.0
 # models that take well under a millisecond: repeat them inside each round
 ITERATIONS = {models.CHAIN: 50}
 SHARED = [("light_resnet50", 2), ("gpt2_seq1", 2)]
 
 
-def rounds_for(name: str) -> int:
-    return 7 if name in HEAVY else 15
+def rounds_for(warmup_step_seconds: float) -> int:
+    fit = int(ROUND_BUDGET_SECONDS / max(warmup_step_seconds, 1e-9))
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, fit))
 
 
 @functools.cache
@@ -108,7 +112,7 @@ def runtime_record(info: dict, seconds_per_call: list[float]) -> dict:
 def compare(benchmark, name: str, threads: int, in_process: bool) -> None:
     pytest.importorskip("onnxruntime")
     expected = load_expected(name)
-    iterations, rounds = ITERATIONS.get(name, 1), rounds_for(name)
+    iterations = ITERATIONS.get(name, 1)
     benchmark.group = f"{name}-t{threads}" + ("-shared-process" if in_process else "")
     benchmark.extra_info.update(model=name, threads=threads, iterations=iterations,
                                 process="shared" if in_process else "isolated",
@@ -116,7 +120,10 @@ def compare(benchmark, name: str, threads: int, in_process: bool) -> None:
     with IsolatedPair(specs_for(name, threads), in_process=in_process) as pair:
         for runtime in pair.names:
             check_close(name, runtime, expected, pair.outputs(runtime))
+        start = time.perf_counter()
         pair.alternation_step(iterations)  # warm-up, not kept
+        rounds = rounds_for(time.perf_counter() - start)
+        benchmark.extra_info["rounds"] = rounds
         times: dict[str, list[float]] = {}
         benchmark.pedantic(pair.alternation_step, kwargs={"iterations": iterations,
                                                           "into": times}, rounds=rounds)
