@@ -12,7 +12,8 @@ ORT_ENABLE_ALL), onnxruntime at ORT_ENABLE_ALL, sequential, inter_op_num_threads
 The `profile` command runs a separate profiling session `runs` times and returns, per op type,
 the number of node events and their mean total microseconds per run.
 
-    python -m benchmarks.sessions MODEL THREADS [RUNS]   # both runtimes' profiles, top ops
+    python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes]   # both runtimes' profiles,
+                                          # by op type (or op type and input shapes), top first
 """
 from __future__ import annotations
 
@@ -45,17 +46,27 @@ def timed_creations(create) -> tuple[object, float, float]:
     return session, first, statistics.median(repeats)
 
 
-def profile_summary(trace_path: str, runs: int) -> dict[str, dict]:
+def event_key(event: dict, by_shape: bool) -> str:
+    args = event.get("args", {})
+    op = args.get("op_name", "?")
+    if not by_shape:
+        return op
+    shapes = [next(iter(s.values())) if isinstance(s, dict) and s else s
+              for s in args.get("input_type_shape", [])[:2]]
+    return f"{op} {shapes}"
+
+
+def profile_summary(trace_path: str, runs: int, by_shape: bool = False) -> dict[str, dict]:
     """{op type: {"nodes": events per run, "us": microseconds per run}} from a Chrome trace of
     a warm-up run and then `runs` runs, each with the same node events: the warm-up's (the
-    first in time) are left out."""
+    first in time) are left out. With by_shape, keyed by op type and first two input shapes."""
     with open(trace_path) as f:
         events = [e for e in json.load(f) if e.get("cat") == "Node"
                   and not e.get("name", "").endswith(NOT_KERNEL_TIME)]
     events.sort(key=lambda e: e.get("ts", 0))
     summary: dict[str, dict] = defaultdict(lambda: {"nodes": 0.0, "us": 0.0})
     for event in events[len(events) // (runs + 1):]:
-        op = event.get("args", {}).get("op_name", "?")
+        op = event_key(event, by_shape)
         summary[op]["nodes"] += 1 / runs
         summary[op]["us"] += event.get("dur", 0) / runs
     return dict(summary)
@@ -66,12 +77,12 @@ def workload(name: str, create, make_profiled, version: str) -> Workload:
     data = model.SerializeToString()
     session, first, creation = timed_creations(lambda: create(data))
 
-    def profile(runs: int = 10) -> dict:
+    def profile(runs: int = 10, by_shape: bool = False) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             profiled = make_profiled(data, str(Path(tmp) / "profile"))
             for _ in range(runs + 1):  # a warm-up, then the runs summarised
                 profiled.run(None, feeds)
-            return profile_summary(profiled.end_profiling(), runs)
+            return profile_summary(profiled.end_profiling(), runs, by_shape)
 
     return Workload(step=lambda: session.run(None, feeds),
                     info={"creation_seconds": creation, "first_creation_seconds": first,
@@ -121,19 +132,23 @@ def onnxruntime(name: str, threads: int) -> Workload:
 def format_profile(summary: dict[str, dict], top: int = 12) -> str:
     total = sum(v["us"] for v in summary.values()) or 1.0
     rows = sorted(summary.items(), key=lambda kv: -kv[1]["us"])[:top]
-    lines = [f"  {'op':<28} {'nodes':>6} {'µs/run':>10} {'share':>6}"]
-    lines += [f"  {op:<28} {v['nodes']:>6.0f} {v['us']:>10.1f} {v['us'] / total:>6.1%}"
+    width = max([28] + [len(op) for op, _ in rows])
+    lines = [f"  {'op':<{width}} {'nodes':>6} {'µs/run':>10} {'share':>6}"]
+    lines += [f"  {op:<{width}} {v['nodes']:>6.0f} {v['us']:>10.1f} {v['us'] / total:>6.1%}"
               for op, v in rows]
-    lines.append(f"  {'all node events':<28} {sum(v['nodes'] for v in summary.values()):>6.0f} "
-                 f"{total:>10.1f}")
+    lines.append(f"  {'all node events':<{width}} "
+                 f"{sum(v['nodes'] for v in summary.values()):>6.0f} {total:>10.1f}")
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     from benchmarks.isolated import IsolatedPair, WorkerSpec
 
+    by_shape = "--shapes" in argv
+    argv = [a for a in argv if a != "--shapes"]
     if len(argv) not in (2, 3):
-        print("usage: python -m benchmarks.sessions MODEL THREADS [RUNS]", file=sys.stderr)
+        print("usage: python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes]",
+              file=sys.stderr)
         return 2
     name, threads, runs = argv[0], int(argv[1]), int(argv[2]) if len(argv) == 3 else 10
     specs = [WorkerSpec("optimized", "benchmarks.sessions:optimized", (name, threads)),
@@ -141,7 +156,7 @@ def main(argv: list[str]) -> int:
     with IsolatedPair(specs) as pair:
         for runtime in pair.names:
             print(f"{runtime}, {name}, {threads} thread(s), mean of {runs} runs:")
-            print(format_profile(pair.command(runtime, "profile", runs)))
+            print(format_profile(pair.command(runtime, "profile", runs, by_shape)))
     return 0
 
 
