@@ -19,7 +19,8 @@ Concat that makes the present K and V, stay as they are.
 
 The repeat is checked, not assumed: the Expand must only grow the new axis and the Reshape
 must merge it with the heads, by shapes that onnx's inference follows through Shape / Gather /
-Concat (symbolic dimensions included), or by constant targets.  A Where mask becomes an
+Concat (symbolic dimensions included), by constant targets, or by targets that take the batch
+and the length from the very same computed sizes (see _group_by_shared_sizes).  A Where mask becomes an
 additive one, Where(cond, 0, fill), made once per mask and fill: equal when fill is -inf, and
 when fill is finite and at most -1e30 (torch.finfo.min) too, for then score + fill rounds to
 fill for every |score| < 1e22.  A pattern any of whose values is read elsewhere, or is a graph
@@ -331,7 +332,12 @@ def _repeat_kv(reshape, view):
         group = repeats[2]
     else:
         group = _expanded_group(grow, k_shape, view)
-    if group is None or group < 1 or not _merges_heads(reshape, k_shape, kv * group, view):
+    merges = group is not None and group >= 1 and _merges_heads(reshape, k_shape, kv * group,
+                                                                view)
+    if not merges and grow.op_type == "Expand":
+        group = _group_by_shared_sizes(grow, reshape, k_shape, view)
+        merges = group is not None
+    if not merges:
         return None
     return k, [unsqueeze, grow, reshape], np.arange(kv * group) // group
 
@@ -352,6 +358,50 @@ def _expanded_group(expand, k_shape, view):
     if _same_dims(out[:2] + out[3:], k_shape):
         return out[2]
     return None
+
+
+def _group_by_shared_sizes(expand, reshape, k_shape, view):
+    """G when the two targets are [b, KV, G, t, H] and [b, KV*G, t, H], KV and H K's own, G a
+    constant, and b and t the very same computed sizes in both (as torch.export computes
+    batch and past + seq once from the inputs' shapes, so that shape inference cannot tie
+    them to K's).  The Expand then grows the new axis alone, unless K's batch or length is 1
+    where b or t is larger: K/V caches of unequal lengths across layers, which no decoder
+    step is fed."""
+    grown, merged = _target_entries(expand.input[1], view), _target_entries(reshape.input[1],
+                                                                             view)
+    if grown is None or merged is None or len(grown) != 5 or len(merged) != 4:
+        return None
+    kv, head = k_shape[1], k_shape[3]
+    group = grown[2]
+    if not isinstance(group, int) or group < 1 or grown[1] != kv or grown[4] != head:
+        return None
+    if merged[1] != kv * group or merged[3] != head or attr(reshape, "allowzero", 0):
+        return None
+    shared = all(isinstance(grown[i], tuple) and grown[i] == merged[j] or (
+        isinstance(grown[i], int) and grown[i] == merged[j] == k_shape[i - (i > 2)])
+        for i, j in ((0, 0), (3, 2)))
+    return group if shared else None
+
+
+def _target_entries(name, view):
+    """A shape target entry by entry: ints where constant, (piece, index) where computed."""
+    values = view.ints(name)
+    if values is not None:
+        return values
+    concat = view.producer(name, "Concat")
+    if concat is None or attr(concat, "axis", None) != 0:
+        return None
+    entries = []
+    for piece in concat.input:
+        values = view.ints(piece)
+        if values is not None:
+            entries.extend(values)
+            continue
+        shape = view.shapes.shape(piece)
+        if shape is None or len(shape) != 1 or not isinstance(shape[0], int):
+            return None
+        entries.extend((piece, i) for i in range(shape[0]))
+    return entries
 
 
 def _merges_heads(reshape, k_shape, heads, view) -> bool:

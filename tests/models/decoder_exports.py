@@ -60,6 +60,8 @@ class DecoderConfig:
     rotary: str = "slices"       # slices | split | interleaved
     qkv: str = "split"           # phi3's fused projection cut by: split | slice
     dynamic: bool = True         # symbolic batch and lengths, shapes computed in the graph
+    shared_sizes: bool = False   # past + seq computed once from the inputs' shapes for every
+    #                              layer (torch.export's SymInts), not from each layer's K
     max_positions: int = 32      # rows of the cos/sin caches (TorchScript form)
     seed: int = 0
 
@@ -228,7 +230,8 @@ def _projections(g: _Graph, x):
     return outs
 
 
-def _attention_layer(g: _Graph, layer, x, cos, sin, allowed, additive, batch, seq):
+def _attention_layer(g: _Graph, layer, x, cos, sin, allowed, additive, batch, seq,
+                     shared_total=None):
     c = g.c
     q, k, v = _projections(g, x)
 
@@ -244,7 +247,7 @@ def _attention_layer(g: _Graph, layer, x, cos, sin, allowed, additive, batch, se
         v = g.op("Concat", f"past_value_{layer}", v, axis=2)
     g.nodes.append(helper.make_node("Identity", [k], [f"present_key_{layer}"]))
     g.nodes.append(helper.make_node("Identity", [v], [f"present_value_{layer}"]))
-    total = g.size(k, 2, c.past + c.seq)
+    total = shared_total or g.size(k, 2, c.past + c.seq)
     k_rep, v_rep = _repeat_kv(g, k, batch, total), _repeat_kv(g, v, batch, total)
     k_t = g.op("Transpose", k_rep, perm=[0, 1, 3, 2])
     scaling = c.head ** -0.5
@@ -280,9 +283,12 @@ def build_decoder(config: DecoderConfig = DecoderConfig()) -> onnx.ModelProto:
     seq = g.size("x", 1, c.seq) if c.dynamic else c.seq
     cos, sin = _rope_tables(g, "position_ids", batch)
     allowed, additive = _mask(g, "position_ids", "attention_mask")
+    shared_total = None
+    if c.shared_sizes and c.dynamic and c.past:
+        shared_total = g.op("Add", g.op("Shape", "past_key_0", start=2, end=3), seq)
     x = "x"
     for layer in range(c.layers):
-        x = _attention_layer(g, layer, x, cos, sin, allowed, additive, batch, seq)
+        x = _attention_layer(g, layer, x, cos, sin, allowed, additive, batch, seq, shared_total)
     g.nodes.append(helper.make_node("Identity", [x], ["y"]))
     kv_shape = [b_dim, c.kv_heads, t_dim, c.head]
     inputs = [helper.make_tensor_value_info("x", F, [b_dim, s_dim, c.hidden]),
@@ -326,6 +332,7 @@ VARIANTS = {
     "llama_dynamo_prefill": DecoderConfig(past=0),
     "llama_dynamo_decode": DecoderConfig(seq=1, past=6),
     "llama_dynamo_static": DecoderConfig(dynamic=False),
+    "llama_dynamo_shared_sizes": DecoderConfig(shared_sizes=True),
     "llama_torchscript": DecoderConfig(exporter="torchscript"),
     "llama_torchscript_decode": DecoderConfig(exporter="torchscript", seq=1, past=6),
     "llama_sdpa": DecoderConfig(scale_on="qk"),
