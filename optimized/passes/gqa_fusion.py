@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, helper, numpy_helper
+from onnx import AttributeProto, helper
 
 from ._graph import (
     Constants,

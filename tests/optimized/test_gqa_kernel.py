@@ -5,12 +5,20 @@ past length, padding, sliding window and masks; and small cases worked out by ha
 import math
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
 from optimized import decoder_ops, kernels
+from optimized.passes.gqa_fusion import (
+    GROUPED_ATTENTION,
+    GROUPED_ATTENTION_MASKED,
+    grouped_attention_function,
+)
+from optimized.passes.silu_mlp_fusion import FUSED_DOMAIN
+from reference import ReferenceEvaluator
 from reference.agreement import check_node
 from reference.registry import lookup
 
@@ -158,16 +166,16 @@ def test_a_row_that_sees_no_key_is_nan_like_softmax_or_zero():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(k=np.zeros((1, 3, 4, 8), np.float32), v=np.zeros((1, 3, 4, 8), np.float32)),
+    ({"k": np.zeros((1, 3, 4, 8), np.float32), "v": np.zeros((1, 3, 4, 8), np.float32)},
      "do not group"),
-    (dict(kv_head_of=[0, 2]), "kv_head_of"),
-    (dict(mask=np.zeros((1, 1, 2, 5), np.float32)), "does not broadcast"),
-    (dict(v=np.zeros((1, 1, 3, 8), np.float32)), "V must be"),
-    (dict(q_layout="nbsh"), "q_layout"),
+    ({"kv_head_of": [0, 2]}, "kv_head_of"),
+    ({"mask": np.zeros((1, 1, 2, 5), np.float32)}, "does not broadcast"),
+    ({"v": np.zeros((1, 1, 3, 8), np.float32)}, "V must be"),
+    ({"q_layout": "nbsh"}, "q_layout"),
 ])
 def test_bad_arguments_are_named(bad, message):
-    args = dict(q=np.zeros((1, 2, 2, 8), np.float32), k=np.zeros((1, 1, 4, 8), np.float32),
-                v=np.zeros((1, 1, 4, 8), np.float32))
+    args = {"q": np.zeros((1, 2, 2, 8), np.float32), "k": np.zeros((1, 1, 4, 8), np.float32),
+            "v": np.zeros((1, 1, 4, 8), np.float32)}
     args.update(bad)
     with pytest.raises(ValueError, match=message):
         kernels.grouped_attention(**args)
@@ -247,3 +255,50 @@ def test_rotary_shapes_it_cannot_take_are_named():
         kernels.rotary(x, np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32))
     with pytest.raises(TypeError, match="float32"):
         kernels.rotary(x.astype(np.float64), np.zeros((3, 8)), np.zeros((3, 8)))
+
+
+# --- the fused function gqa_fusion writes: kernel against its body ----------------------------
+def function_model(masked, scale, shapes):
+    op_type = GROUPED_ATTENTION_MASKED if masked else GROUPED_ATTENTION
+    names = ["q", "k", "v", "kv_heads"] + (["mask"] if masked else [])
+    types = [onnx.TensorProto.FLOAT] * 3 + [onnx.TensorProto.INT64] + [onnx.TensorProto.FLOAT]
+    node = helper.make_node(op_type, names, ["y"], domain=FUSED_DOMAIN, scale=scale)
+    graph = helper.make_graph(
+        [node], "fused", [helper.make_tensor_value_info(n, t, s)
+                          for n, t, s in zip(names, types, shapes)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                   helper.make_opsetid(FUSED_DOMAIN, 1)],
+                             functions=[grouped_attention_function(op_type, 18)])
+
+
+@SETTINGS
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 6),
+       st.integers(1, 5), st.integers(1, 7), st.sampled_from(["none", "rows", "full", "inf"]),
+       st.booleans(), st.integers(0, 2**16))
+def test_grouped_attention_kernel_equals_its_function_body(batch, kv, group, head, seq, total,
+                                                           mask_kind, cyclic, seed):
+    rng = np.random.default_rng(seed)
+    heads = kv * group
+    q = rng.standard_normal((batch, heads, seq, head)).astype(np.float32)
+    k = rng.standard_normal((batch, kv, total, head)).astype(np.float32)
+    v = rng.standard_normal((batch, kv, total, head + 1)).astype(np.float32)
+    table = (np.arange(heads) % kv if cyclic else np.arange(heads) // group).astype(np.int64)
+    mask = None
+    if mask_kind == "rows":  # a padding mask over keys, one row for every query
+        mask = rng.standard_normal((batch, 1, 1, total)).astype(np.float32)
+    elif mask_kind == "full":
+        mask = rng.standard_normal((batch, heads, seq, total)).astype(np.float32)
+    elif mask_kind == "inf":  # causal with -inf, some rows masked whole (NaN, as Softmax)
+        mask = np.where(np.arange(total)[None, :] <= np.arange(seq)[:, None] - 1, 0.0,
+                        -np.inf).astype(np.float32)
+    scale = 1.0 / np.sqrt(head)
+    inputs = [q, k, v, table] + ([mask] if mask is not None else [])
+    model = function_model(mask is not None, scale, [list(a.shape) for a in inputs])
+    expected = ReferenceEvaluator(model).run(None, dict(zip(["q", "k", "v", "kv_heads", "mask"],
+                                                            inputs)))[0]
+    fast = (decoder_ops.grouped_attention_masked if mask is not None
+            else decoder_ops.grouped_attention)
+    got = fast(*inputs, scale=scale)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
