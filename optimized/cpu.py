@@ -450,27 +450,34 @@ def _rms_shape(x, scale, axis):
     return x.shape[:axis] + (int(np.prod(normalized)),)
 
 
+def _slot(x) -> int:
+    return -1 if x is None else x.slot
+
+
 @_described
 def _rms_norm_steps(ins, outs, *, axis=-1, epsilon=1e-5, stash_type=1):
     x, scale = ins[:2]
     rows = _rms_shape(x, scale, axis)
-    if rows is None or stash_type != 1 or (len(outs) > 1 and any(o is not None for o in outs[1:])):
+    if rows is None or stash_type != 1 or len(outs) > 2:
         return None
+    inv_rms = outs[1] if len(outs) > 1 else None
     return [kernels.rms_norm_step(x.slot, rows, scale.slot, (int(np.prod(scale.shape)),),
-                                  outs[0].slot, epsilon=epsilon)]
+                                  outs[0].slot, epsilon=epsilon, inv_rms=_slot(inv_rms))]
 
 
 @_described
 def _skip_rms_norm_steps(ins, outs, *, epsilon=1e-12):
+    """Outputs y, mean (the simplified form's zeros: not taken here), inverse RMS, sum."""
     x, skip, gamma = ins[:3]
     bias = ins[3] if len(ins) > 3 else None
-    if skip.shape != x.shape or len(x.shape) < 1 or len(outs) > 1:
+    outs = list(outs) + [None] * (4 - len(outs))
+    if skip.shape != x.shape or len(x.shape) < 1 or outs[1] is not None:
         return None
     return [kernels.rms_norm_step(x.slot, x.shape, gamma.slot, gamma.shape, outs[0].slot,
-                                  skip=skip.slot, skip_shape=skip.shape,
-                                  bias=-1 if bias is None else bias.slot,
+                                  skip=skip.slot, skip_shape=skip.shape, bias=_slot(bias),
                                   bias_shape=None if bias is None else bias.shape,
-                                  epsilon=epsilon)]
+                                  epsilon=epsilon, total=_slot(outs[3]),
+                                  inv_rms=_slot(outs[2]))]
 
 
 @_described
@@ -534,6 +541,43 @@ def _gather_steps(ins, outs, *, axis=0):
         return None
 
 
+def _expand_steps(ins, outs):
+    x, shape, y = ins[0], ins[1], outs[0] if outs else None
+    if not _plain(x) or shape is None or shape.value is None or y is None or y.dtype != x.dtype:
+        return None
+    if len(x.shape) > len(y.shape):
+        return None
+    dims = (1,) * (len(y.shape) - len(x.shape)) + x.shape
+    contiguous = [int(np.prod(dims[d + 1:])) for d in range(len(dims))]
+    if any(d not in (1, n) for d, n in zip(dims, y.shape)):
+        return None
+    strides = [s if d == n and d != 1 else 0 for s, d, n in zip(contiguous, dims, y.shape)]
+    try:
+        return [kernels.strided_copy_step(x.slot, y.slot, y.shape, strides, 0, x.dtype.itemsize)]
+    except ValueError:
+        return None
+
+
+def _concat_steps(ins, outs, *, axis):
+    y = outs[0] if outs else None
+    if y is None or any(not _plain(x) or x.dtype != y.dtype for x in ins) or not y.shape:
+        return None
+    axis = axis + len(y.shape) if axis < 0 else axis
+    if not 0 <= axis < len(y.shape) or any(len(x.shape) != len(y.shape) for x in ins):
+        return None
+    if sum(x.shape[axis] for x in ins) != y.shape[axis]:
+        return None
+    itemsize, stride = y.dtype.itemsize, int(np.prod(y.shape[axis:])) * y.dtype.itemsize
+    steps, offset = [], 0
+    for x in ins:
+        row_bytes = int(np.prod(x.shape[axis:])) * itemsize
+        if row_bytes and np.prod(x.shape[:axis]):
+            steps.append(kernels.rows_copy_step(x.slot, y.slot, int(np.prod(x.shape[:axis])),
+                                                row_bytes, offset, stride))
+        offset += row_bytes
+    return steps or None
+
+
 C_STEPS = {
     ("", "Add"): _binary_steps("Add"),
     ("", "Sub"): _binary_steps("Sub"),
@@ -563,4 +607,6 @@ C_STEPS = {
     ("", "Identity"): _view_steps(),
     ("", "Transpose"): _transpose_steps,
     ("", "Gather"): _gather_steps,
+    ("", "Expand"): _expand_steps,
+    ("", "Concat"): _concat_steps,
 }

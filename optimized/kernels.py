@@ -1134,8 +1134,10 @@ def layer_norm_step(x: int, shape, scale: int, scale_shape, bias: int, bias_shap
 
 
 def rms_norm_step(x: int, shape, scale: int, scale_shape, y: int, *, skip: int = -1,
-                  skip_shape=None, bias: int = -1, bias_shape=None, epsilon=1e-5) -> dict:
-    """As rms_norm() with the result only (the inverse RMS and the sum not asked for)."""
+                  skip_shape=None, bias: int = -1, bias_shape=None, epsilon=1e-5,
+                  total: int = -1, inv_rms: int = -1) -> dict:
+    """As rms_norm(); total (the sum of the skip form) and inv_rms (one value per row) are the
+    slots of those results, -1 where they are not asked for."""
     rows, cols = _rows("rms_norm", _ShapeOnly(shape))
     if cols == 0:
         raise ValueError(f"RMS normalization over an empty last axis of shape {list(shape)}")
@@ -1145,12 +1147,13 @@ def rms_norm_step(x: int, shape, scale: int, scale_shape, y: int, *, skip: int =
     if skip_shape is not None and (math.prod(skip_shape) != math.prod(shape)
                                    or skip_shape[-1] != cols):
         raise ValueError(f"skip must have the input's shape {list(shape)}, got {list(skip_shape)}")
-    if skip_shape is None and bias_shape is not None:
-        raise ValueError("bias belongs to the skip form: give skip")
+    if skip_shape is None and (bias_shape is not None or total >= 0):
+        raise ValueError("bias and the sum output belong to the skip form: give skip")
     if not epsilon >= 0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
     _nonempty(shape)
-    return _step(lib.PLAN_RMSNORM, [x, skip, bias, scale], [y], n=[rows, cols, 0, 0],
+    return _step(lib.PLAN_RMSNORM, [x, skip, bias, scale], [y, total, inv_rms],
+                 n=[rows, cols, 0, 0],
                  f=[float(epsilon), 0.0, 0.0, 0.0])
 
 
@@ -1177,6 +1180,14 @@ def strided_copy_step(x: int, y: int, shape, strides, offset: int, itemsize: int
     pad = 6 - len(shape)
     return _step(lib.PLAN_STRIDED_COPY, [x], [y], n=[offset, itemsize, 0, 0],
                  g=[1] * pad + list(shape) + [0] * pad + list(strides))
+
+
+def rows_copy_step(x: int, y: int, rows: int, row_bytes: int, offset: int, stride: int) -> dict:
+    """rows rows of row_bytes from x (contiguous) into y at byte `offset`, rows `stride` bytes
+    apart: one input of a Concat."""
+    if rows * row_bytes <= 0:
+        raise ValueError("an empty copy calls nothing")
+    return _step(lib.PLAN_ROWS_COPY, [x], [y], n=[rows, row_bytes, offset, stride])
 
 
 def gather_step(data: int, data_shape, itemsize: int, indices: int, index_count: int, y: int,

@@ -283,6 +283,48 @@ def test_shape_computations_are_worked_out_once_per_signature():
         assert [op[0] for op in compiled.ops] == [C]
 
 
+def test_concat_and_expand_as_a_kv_cache_writes_them():
+    # past (a feed) and the new step's keys (a C result) joined on the sequence axis, the
+    # key heads then repeated for grouped-query attention
+    nodes = [helper.make_node("Relu", ["k"], ["kr"]),
+             helper.make_node("Concat", ["past", "kr"], ["present"], axis=2),
+             helper.make_node("Unsqueeze", ["present", "two"], ["u"]),
+             helper.make_node("Expand", ["u", "repeat"], ["e"]),
+             helper.make_node("Sigmoid", ["e"], ["y"])]
+    model = make_model(nodes, [tensor("past", [2, 3, "P", 4]), tensor("k", [2, 3, 1, 4])],
+                       [tensor("present", None), tensor("y", None)],
+                       [("two", np.array([2], np.int64)),
+                        ("repeat", np.array([2, 3, 5, 1, 1], np.int64))])
+    rng = np.random.default_rng(9)
+    for past in (6, 0):
+        feeds = {"past": rng.standard_normal((2, 3, past, 4)).astype(np.float32),
+                 "k": rng.standard_normal((2, 3, 1, 4)).astype(np.float32)}
+        got, want, compiled = run_both(model, feeds)
+        assert_identical(got, want)
+        assert got[1].shape == (2, 3, 5, past + 1, 4)
+        assert [op[0] for op in compiled.ops] == [C]
+
+
+def test_rms_norms_with_their_extra_outputs():
+    rng = np.random.default_rng(10)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("SkipSimplifiedLayerNormalization", ["r", "skip", "gamma"],
+                              ["n", "", "inv", "sum"], domain="com.microsoft", epsilon=1e-6),
+             helper.make_node("RMSNormalization", ["sum", "gamma"], ["y"], epsilon=1e-5),
+             helper.make_node("Tanh", ["n"], ["t"])]
+    graph = helper.make_graph(
+        nodes, "t", [tensor("x", [2, 5, 8]), tensor("skip", [2, 5, 8])],
+        [tensor(n, None) for n in ("y", "t", "inv")],
+        initializer=[numpy_helper.from_array(rng.standard_normal(8).astype(np.float32),
+                                             "gamma")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    feeds = {n: rng.standard_normal((2, 5, 8)).astype(np.float32) for n in ("x", "skip")}
+    got, want, compiled = run_both(model, feeds)
+    assert_identical(got, want)
+    assert [op[0] for op in compiled.ops] == [C]
+
+
 def test_a_busy_plan_runs_the_other_thread_in_python():
     in_c, in_python = plans(chain_model(length=8))
     feeds = {"x": np.ones((3, 24), np.float32)}
