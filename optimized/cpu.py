@@ -99,9 +99,13 @@ def _conv(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1, p
           strides=None, activation=None, activation_params=(), kernel_shape=None):
     if x.ndim != 4:
         return NotImplemented
-    y = kernels.conv2d(x, w, b, strides=strides, pads=pads, dilations=dilations, group=group,
-                       auto_pad=auto_pad, residual=z, activation=activation,
-                       activation_params=list(activation_params or ()))
+    attrs = dict(strides=strides, pads=pads, dilations=dilations, group=group, auto_pad=auto_pad,
+                 activation=activation, activation_params=list(activation_params or ()))
+    planned = _onednn_conv(x, w, b, z, attrs)
+    if planned is not None:
+        y = planned(x, residual=z)
+    else:
+        y = kernels.conv2d(x, w, b, residual=z, **attrs)
     ties = _tied_filters(w, group)
     if ties is not None and (b is None or np.array_equal(b, b[ties])) and z is None:
         y = y[:, ties]  # equal filters give equal channels, as the reference's Conv does
@@ -120,6 +124,64 @@ def _tied_filters(w, group):
         cached = _TIES[id(w)] = (weakref.ref(w), tied_filters(w, group))
     return cached[1]
 
+
+def conv_class(w, group) -> str:
+    """The class of a convolution in ONEDNN_CONV_RULES, from its weights (M, C/group, kH, kW)."""
+    out_c, per_group, k_h, k_w = w.shape
+    if group > 1:
+        return "depthwise" if per_group == 1 else "grouped"
+    if per_group < 8:
+        return "few-input-channels"
+    return "pointwise" if k_h == k_w == 1 else "spatial"
+
+
+# id(w) -> {(input shape, threads, attributes, has residual): (bias, OneDNNConv or None)},
+# dropped when w is freed
+_ONEDNN_PLANS: dict[int, dict] = {}
+
+
+def _onednn_conv(x, w, b, z, attrs):
+    """The oneDNN plan for this convolution when ONEDNN_CONV_RULES chooses oneDNN for its class
+    and its weights and bias are constants (read-only C-contiguous arrays, as initializers are;
+    not a read-only view such as a broadcast), made on the first call per input shape and thread
+    count; else None (our kernel runs it)."""
+    if (not _constant(w) or (b is not None and not _constant(b)) or w.ndim != 4
+            or ONEDNN_CONV_RULES.get(conv_class(w, attrs["group"])) != "onednn"
+            or kernels.onednn_unavailable() is not None):
+        return None
+    plans = _ONEDNN_PLANS.get(id(w))
+    if plans is None:
+        plans = _ONEDNN_PLANS[id(w)] = {}
+        weakref.finalize(w, _ONEDNN_PLANS.pop, id(w), None)
+    key = (x.shape, kernels.get_num_threads(), z is not None,
+           repr(sorted(attrs.items())))
+    entry = plans.get(key)
+    if entry is None or entry[0] is not b:
+        try:
+            plan = kernels.OneDNNConv(x.shape, w, b, residual=z is not None, **attrs)
+        except (RuntimeError, ValueError):
+            plan = None  # refused by oneDNN, or bad arguments our kernel reports
+        entry = plans[key] = (b, plan)
+    return entry[1]
+
+
+def _constant(a) -> bool:
+    return not a.flags.writeable and a.flags.c_contiguous
+
+
+def _onednn_rules() -> dict[str, str]:
+    """optimized/onednn_conv.toml: per convolution class, "onednn" or "ours"."""
+    import importlib.resources
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    text = importlib.resources.files(__package__).joinpath("onednn_conv.toml").read_text()
+    return {name: entry["use"] for name, entry in tomllib.loads(text)["class"].items()}
+
+
+ONEDNN_CONV_RULES = _onednn_rules()
 
 conv = float32_only(lambda x, w, b=None, **attrs: _conv(x, w, b, **attrs))
 fused_conv = float32_only(_conv)
