@@ -62,6 +62,8 @@ def fuse_grouped_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = opset_version(model)
     if opset < 13:  # Softmax over the last axis alone, as the bodies write it
         return model
+    if not any(n.op_type == "Softmax" for n in model.graph.node):
+        return model  # nothing to match: no shape inference for it
     model = copy_model(model)
     graph = model.graph
     view = _View(model)

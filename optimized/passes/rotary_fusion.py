@@ -49,6 +49,8 @@ def fuse_rotary(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = opset_version(model)
     if opset < 13:  # Split's equal halves and Unsqueeze's axes input as the bodies write them
         return model
+    if not any(n.op_type == "Neg" for n in model.graph.node):
+        return model  # nothing to match: no shape inference for it
     model = copy_model(model)
     graph = model.graph
     view = _View(model)
