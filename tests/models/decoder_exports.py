@@ -55,7 +55,7 @@ class DecoderConfig:
     layers: int = 2
     window: int = 4              # Mistral's sliding window
     repeat: str = "expand"       # expand | tile | tile_heads | gather
-    mask: str = "add"            # add | where
+    mask: str = "add"            # add | where | none (sdpa's decode step without padding)
     scale_on: str = "scores"     # scores | qk (sqrt(scaling) on q and on k^T, as sdpa)
     rotary: str = "slices"       # slices | split | interleaved
     qkv: str = "split"           # phi3's fused projection cut by: split | slice
@@ -258,7 +258,9 @@ def _attention_layer(g: _Graph, layer, x, cos, sin, allowed, additive, batch, se
         scores = g.op("Div", g.op("MatMul", q, k_t), g.literal(np.sqrt(c.head)))
     else:
         scores = g.op("Mul", g.op("MatMul", q, k_t), g.const(np.float32(scaling), "scaling"))
-    if c.mask == "where":
+    if c.mask == "none":
+        pass
+    elif c.mask == "where":
         layer_allowed = g.op("Slice", allowed, g.ints(0), total, g.ints(3))
         scores = g.op("Where", layer_allowed, scores, g.literal(-np.inf))
     else:  # HF: causal_mask = attention_mask[:, :, :, : key_states.shape[-2]]
@@ -311,8 +313,10 @@ def build_decoder(config: DecoderConfig = DecoderConfig()) -> onnx.ModelProto:
 
 def decoder_feeds(config: DecoderConfig, seed: int = 0, padded: bool = True) -> dict:
     """Inputs for build_decoder's model: positions past..past+seq-1; with `padded`, the last
-    batch entry's first key is padding (left padding, as a batched generate() gives)."""
+    batch entry's first key is padding (left padding, as a batched generate() gives), unless
+    the model applies no mask."""
     c, rng = config, np.random.default_rng(seed)
+    padded = padded and c.mask != "none"
     total = c.past + c.seq
     feeds = {"x": rng.standard_normal((c.batch, c.seq, c.hidden)).astype(np.float32),
              "position_ids": np.tile(np.arange(c.past, total, dtype=np.int64), (c.batch, 1)),
@@ -337,6 +341,7 @@ VARIANTS = {
     "llama_torchscript_decode": DecoderConfig(exporter="torchscript", seq=1, past=6),
     "llama_sdpa": DecoderConfig(scale_on="qk"),
     "llama_where_mask": DecoderConfig(mask="where", exporter="torchscript"),
+    "llama_sdpa_decode_no_mask": DecoderConfig(scale_on="qk", mask="none", seq=1, past=6),
     "llama_tile": DecoderConfig(repeat="tile"),
     "llama_gather": DecoderConfig(repeat="gather"),
     "llama_tile_heads": DecoderConfig(repeat="tile_heads"),
