@@ -15,7 +15,8 @@ Workloads, each at 1 and 2 threads (group `<model>-<workload>-t<threads>`):
   `weight_GB_per_s`, the bytes of weights a step reads (every MatMul/MatMulNBits initializer,
   codes, scales and zero points, plus one embedding row; decoders.weight_bytes) over the median;
 - `generate`: examples/generate.py's greedy loop, 64 new tokens after the 128-token prompt
-  (its prefill included); `tokens_per_s` is 64 / median.
+  (its prefill included); `tokens_per_s` is 64 / median. Unlike `decode`, whose rounds repeat
+  one step with the same shapes, every step here has a new cache length.
 
 optimized runs at level 99 (ORT_ENABLE_ALL); onnxruntime at ORT_ENABLE_ALL, sequential,
 inter_op_num_threads 1; both with the same intra_op_num_threads. The test's process builds each
