@@ -180,8 +180,8 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
  *                     elements of n[1] bytes
  *   PLAN_GATHER       rows of in[0] (n[0] blocks of n[1] rows of n[3] bytes) picked by the n[2]
  *                     int64 indices in in[1]; fails on an index out of range
- *   PLAN_ROWS_COPY    n[0] rows of n[1] bytes from in[0] (contiguous) to out[0] + n[2] bytes,
- *                     rows n[3] bytes apart there (one input of a Concat) */
+ *   PLAN_ROWS_COPY    n[0] rows of n[1] bytes from in[0] + g[0] bytes, rows g[1] bytes apart, to
+ *                     out[0] + n[2] bytes, rows n[3] bytes apart (a Concat input, a Split output) */
 enum plan_kind {
     PLAN_ACTIVATION = 0, PLAN_BINARY = 1, PLAN_GEMM = 2, PLAN_MATMUL = 3, PLAN_SOFTMAX = 4,
     PLAN_LAYERNORM = 5, PLAN_RMSNORM = 6, PLAN_SILU_MUL = 7, PLAN_REDUCE_LAST = 8,

@@ -98,7 +98,7 @@ static int run_step(const plan_step *s, void *const *slots)
     case PLAN_ROWS_COPY:
         for (int64_t r = 0; r < s->n[0]; ++r)
             memcpy((char *)slots[s->out[0]] + s->n[2] + r * s->n[3],
-                   (const char *)slots[s->in[0]] + r * s->n[1], (size_t)s->n[1]);
+                   (const char *)slots[s->in[0]] + s->g[0] + r * s->g[1], (size_t)s->n[1]);
         return 0;
     case PLAN_GATHER:
         return gather_rows(slots[s->in[0]], slots[s->in[1]], slots[s->out[0]], s->n[0], s->n[1], s->n[2], s->n[3]);

@@ -550,6 +550,19 @@ def _silu_mul_steps(ins, outs):
     return [kernels.silu_mul_step(gate.slot, up.slot, outs[0].slot, gate.shape)]
 
 
+def _declining(fn):
+    """fn's steps, or None for a node it cannot read (an older opset's attributes, inputs
+    missing): the plan then runs the node in Python, which reports what is wrong with it."""
+    @functools.wraps(fn)
+    def describe(ins, outs, **attrs):
+        try:
+            return fn(ins, outs, **attrs)
+        except (ValueError, TypeError, IndexError):
+            return None
+
+    return describe
+
+
 def _plain(x) -> bool:
     """A tensor of fixed-size elements (not strings or objects)."""
     return x is not None and x.dtype.kind in "biufc"
@@ -558,6 +571,7 @@ def _plain(x) -> bool:
 def _view_steps(*shape_inputs):
     """Reshape, Flatten, Squeeze, Unsqueeze, Identity: the output is the input's data, seen
     with the output's recorded shape, when the inputs that decide that shape are known."""
+    @_declining
     def describe(ins, outs, **attrs):
         x, y = ins[0], outs[0] if outs else None
         if not _plain(x) or y is None or y.dtype != x.dtype or np.prod(y.shape) != np.prod(x.shape):
@@ -569,6 +583,7 @@ def _view_steps(*shape_inputs):
     return describe
 
 
+@_declining
 def _transpose_steps(ins, outs, *, perm=None):
     x, y = ins[0], outs[0] if outs else None
     if not _plain(x) or y is None or y.dtype != x.dtype:
@@ -585,6 +600,7 @@ def _transpose_steps(ins, outs, *, perm=None):
         return None
 
 
+@_declining
 def _gather_steps(ins, outs, *, axis=0):
     data, indices = ins[:2]
     y = outs[0] if outs else None
@@ -603,6 +619,7 @@ def _gather_steps(ins, outs, *, axis=0):
         return None
 
 
+@_declining
 def _expand_steps(ins, outs):
     x, shape, y = ins[0], ins[1], outs[0] if outs else None
     if not _plain(x) or shape is None or shape.value is None or y is None or y.dtype != x.dtype:
@@ -620,6 +637,7 @@ def _expand_steps(ins, outs):
         return None
 
 
+@_declining
 def _concat_steps(ins, outs, *, axis):
     y = outs[0] if outs else None
     if y is None or any(not _plain(x) or x.dtype != y.dtype for x in ins) or not y.shape:
@@ -638,6 +656,82 @@ def _concat_steps(ins, outs, *, axis):
                                                 row_bytes, offset, stride))
         offset += row_bytes
     return steps or None
+
+
+@_declining
+def _split_steps(ins, outs, *, axis=0, **split_attrs):
+    """Each output's rows copied out of the input; the sizes are the recorded outputs' (the
+    split input, when given, must be the same in every run)."""
+    x = ins[0]
+    if not _plain(x) or (len(ins) > 1 and ins[1] is not None and ins[1].value is None):
+        return None
+    axis = axis + len(x.shape) if axis < 0 else axis
+    if not 0 <= axis < len(x.shape) or any(y is None or y.dtype != x.dtype for y in outs):
+        return None
+    if any(y.shape[:axis] != x.shape[:axis] or y.shape[axis + 1:] != x.shape[axis + 1:]
+           or len(y.shape) != len(x.shape) for y in outs):
+        return None
+    if sum(y.shape[axis] for y in outs) != x.shape[axis]:
+        return None
+    rows, itemsize = int(np.prod(x.shape[:axis])), x.dtype.itemsize
+    stride = int(np.prod(x.shape[axis:])) * itemsize
+    steps, offset = [], 0
+    for y in outs:
+        row_bytes = int(np.prod(y.shape[axis:])) * itemsize
+        if rows * row_bytes == 0:
+            return None  # an empty output: the plan writes no step for it
+        steps.append(kernels.rows_copy_step(x.slot, y.slot, rows, row_bytes, 0, row_bytes,
+                                            x_offset=offset, x_stride=stride))
+        offset += row_bytes
+    return steps
+
+
+@_declining
+def _slice_steps(ins, outs):
+    """A strided copy, its bounds worked out by the reference Slice itself on each axis's
+    indices, so they follow the spec's clamping exactly."""
+    x, y = ins[0], outs[0] if outs else None
+    if not _plain(x) or y is None or y.dtype != x.dtype or not 0 < len(x.shape) <= 6:
+        return None
+    if len(ins) < 3 or any(v is not None and v.value is None for v in ins[1:]):
+        return None
+    starts, ends = ins[1].value, ins[2].value
+    axes = ins[3].value if len(ins) > 3 and ins[3] is not None else None
+    steps = ins[4].value if len(ins) > 4 and ins[4] is not None else None
+    contiguous = [int(np.prod(x.shape[d + 1:])) for d in range(len(x.shape))]
+    offset, strides = 0, list(contiguous)
+    slice_op = lookup("", "Slice", 13).fn
+    starts, ends = np.asarray(starts).reshape(-1), np.asarray(ends).reshape(-1)
+    axes = np.arange(len(starts)) if axes is None else np.asarray(axes).reshape(-1)
+    steps = None if steps is None else np.asarray(steps).reshape(-1)
+    for d, size in enumerate(x.shape):
+        chosen = np.arange(size, dtype=np.int64)
+        for k in np.flatnonzero(axes % len(x.shape) == d)[:1]:
+            chosen = slice_op(chosen, starts[k:k + 1], ends[k:k + 1], np.zeros(1, np.int64),
+                              None if steps is None else steps[k:k + 1])
+        if len(chosen) != y.shape[d]:
+            return None
+        if len(chosen):
+            offset += int(chosen[0]) * contiguous[d]
+        if len(chosen) > 1:
+            strides[d] = int(chosen[1] - chosen[0]) * contiguous[d]
+    try:
+        return [kernels.strided_copy_step(x.slot, y.slot, y.shape, strides, offset,
+                                          x.dtype.itemsize)]
+    except ValueError:
+        return None
+
+
+@_described
+def _fast_gelu_steps(ins, outs):
+    """com.microsoft FastGelu: x + bias (numpy's add and C's round alike) then the tanh
+    Gelu in place."""
+    x, y = ins[0], outs[0]
+    bias = ins[1] if len(ins) > 1 else None
+    if bias is None:
+        return [kernels.activation_step("GeluTanh", (), x.slot, y.slot, x.shape)]
+    return [kernels.binary_step("Add", x.slot, x.shape, bias.slot, bias.shape, y.slot),
+            kernels.activation_step("GeluTanh", (), y.slot, y.slot, y.shape)]
 
 
 C_STEPS = {
@@ -671,4 +765,7 @@ C_STEPS = {
     ("", "Gather"): _gather_steps,
     ("", "Expand"): _expand_steps,
     ("", "Concat"): _concat_steps,
+    ("", "Split"): _split_steps,
+    ("", "Slice"): _slice_steps,
+    (MS, "FastGelu"): _fast_gelu_steps,
 }

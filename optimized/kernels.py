@@ -1182,12 +1182,15 @@ def strided_copy_step(x: int, y: int, shape, strides, offset: int, itemsize: int
                  g=[1] * pad + list(shape) + [0] * pad + list(strides))
 
 
-def rows_copy_step(x: int, y: int, rows: int, row_bytes: int, offset: int, stride: int) -> dict:
-    """rows rows of row_bytes from x (contiguous) into y at byte `offset`, rows `stride` bytes
-    apart: one input of a Concat."""
+def rows_copy_step(x: int, y: int, rows: int, row_bytes: int, offset: int, stride: int,
+                   x_offset: int = 0, x_stride: int | None = None) -> dict:
+    """rows rows of row_bytes from x at byte x_offset, rows x_stride bytes apart (row_bytes:
+    contiguous), into y at byte `offset`, rows `stride` bytes apart: one input of a Concat, or
+    one output of a Split."""
     if rows * row_bytes <= 0:
         raise ValueError("an empty copy calls nothing")
-    return _step(lib.PLAN_ROWS_COPY, [x], [y], n=[rows, row_bytes, offset, stride])
+    return _step(lib.PLAN_ROWS_COPY, [x], [y], n=[rows, row_bytes, offset, stride],
+                 g=[x_offset, row_bytes if x_stride is None else x_stride] + [0] * 10)
 
 
 def gather_step(data: int, data_shape, itemsize: int, indices: int, index_count: int, y: int,

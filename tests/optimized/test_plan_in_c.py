@@ -325,6 +325,34 @@ def test_rms_norms_with_their_extra_outputs():
     assert [op[0] for op in compiled.ops] == [C]
 
 
+@pytest.mark.parametrize(("starts", "ends", "axes", "steps"), [
+    ([1, -9], [3, 100], [1, -1], None),      # clamped ends, a negative axis
+    ([-1, 4], [-100, 0], [2, 1], [-2, -3]),  # stepping back, clamped start
+    ([0], [2], None, None),                 # axes left out
+])
+def test_slice_and_split_copy_what_the_reference_ops_pick(starts, ends, axes, steps):
+    names = ["r", "starts", "ends"] + (["axes"] if axes is not None or steps else [])
+    names += ["steps"] if steps else []
+    inits = [("starts", np.array(starts, np.int64)), ("ends", np.array(ends, np.int64)),
+             ("split", np.array([2, 1, 4], np.int64))]
+    if "axes" in names:
+        inits.append(("axes", np.array(axes if axes is not None else range(len(starts)),
+                                       np.int64)))
+    if steps:
+        inits.append(("steps", np.array(steps, np.int64)))
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Slice", names, ["s"]),
+             helper.make_node("Tanh", ["s"], ["y"]),
+             helper.make_node("Split", ["r", "split"], ["a", "b", "c"], axis=2),
+             helper.make_node("Sigmoid", ["b"], ["z"])]
+    model = make_model(nodes, [tensor("x", [3, 5, 7])],
+                       [tensor(n, None) for n in ("y", "a", "z", "c")], inits)
+    feeds = {"x": np.random.default_rng(11).standard_normal((3, 5, 7)).astype(np.float32)}
+    got, want, compiled = run_both(model, feeds)
+    assert_identical(got, want)
+    assert [op[0] for op in compiled.ops] == [C]
+
+
 def test_a_busy_plan_runs_the_other_thread_in_python():
     in_c, in_python = plans(chain_model(length=8))
     feeds = {"x": np.ones((3, 24), np.float32)}
