@@ -477,8 +477,9 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
 /* --- weights of a DequantizeLinear -> MatMul pair, laid out as MatMulNBits's B ----------- */
 
 /* Tiles of PACK_TILE_K source rows by PACK_CHUNK_N weight rows (an even number) stay in cache
- * while they are repacked. */
-enum { PACK_TILE_K = 64, PACK_CHUNK_N = 64 };
+ * while they are repacked: at 4 bits, whole 64-byte lines of the source and of each weight row
+ * (so rows a multiple of 4 KiB apart, which share cache sets, are each read and written once). */
+enum { PACK_TILE_K = 128, PACK_CHUNK_N = 256 };
 
 static inline uint8_t source_code(const uint8_t *src, size_t i, int bits)
 {
@@ -568,7 +569,13 @@ void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits,
     uint8_t flip = flip_sign ? (uint8_t)(1 << (bits - 1)) : 0;
     int pairs = bits == 4 && !transposed && n % 2 == 0;
     int whole_rows = transposed && (bits == 8 || k % 2 == 0);
-    memset(dst, 0, (size_t)n * row_bytes);
+    size_t code_bytes = ((size_t)k * bits + 7) / 8;  /* of a row; the rest is padding */
+    if (pairs || whole_rows) {
+        for (int j = 0; j < n; ++j)
+            memset(dst + (size_t)j * row_bytes + code_bytes, 0, row_bytes - code_bytes);
+    } else {
+        memset(dst, 0, (size_t)n * row_bytes);  /* pack_codes ORs codes into place */
+    }
     /* one thread: it runs once, while a session loads, and two threads on a busy machine took
      * longer than one (a thread waiting at the barrier for a core) */
     for (int j0 = 0; j0 < n; j0 += PACK_CHUNK_N) {

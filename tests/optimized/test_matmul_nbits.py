@@ -261,13 +261,18 @@ def test_pack_gives_the_reference_weights(k, n, bits, block_size, transposed, si
     w = dequantized_nbits(b, ones, zero, K=k, N=n, bits=bits, block_size=block_size)
     offset = (1 << (bits - 1)) if signed else 0
     np.testing.assert_array_equal(w, (codes_kn.T + offset).astype(np.float32))
+    codes_bytes = (k * bits + 7) // 8  # past them, each row's last block is zeros
+    assert not b.reshape(n, -1)[:, codes_bytes:].any()
+    if bits == 4 and k % 2:  # and so is the high nibble of the last code's byte
+        assert not (b.reshape(n, -1)[:, codes_bytes - 1] >> 4).any()
 
 
-@pytest.mark.parametrize("k,n", [(255, 130), (256, 131), (130, 200), (64, 64)])
+@pytest.mark.parametrize("k,n", [(255, 130), (256, 131), (130, 200), (64, 64), (300, 514),
+                                 (129, 263)])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("transposed", [False, True])
 def test_pack_across_tiles(k, n, bits, transposed):
-    """Shapes past the C code's tiles (64 codes along K, 64 weight rows): odd and even K and N,
+    """Shapes past the C code's tiles (128 codes along K, 256 weight rows): odd and even K and N,
     each of its paths (column pairs, whole rows, code by code)."""
     test_pack_gives_the_reference_weights.hypothesis.inner_test(
         k=k, n=n, bits=bits, block_size=32, transposed=transposed, signed=True, seed=k * n)
