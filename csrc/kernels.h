@@ -181,11 +181,14 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
  *   PLAN_GATHER       rows of in[0] (n[0] blocks of n[1] rows of n[3] bytes) picked by the n[2]
  *                     int64 indices in in[1]; fails on an index out of range
  *   PLAN_ROWS_COPY    n[0] rows of n[1] bytes from in[0] + g[0] bytes, rows g[1] bytes apart, to
- *                     out[0] + n[2] bytes, rows n[3] bytes apart (a Concat input, a Split output) */
+ *                     out[0] + n[2] bytes, rows n[3] bytes apart (a Concat input, a Split output)
+ *   PLAN_CHAIN        chain_f32 of in[0] into out[0]: n[0] elements, n[1] ops (at most
+ *                     PLAN_CHAIN_MAX_OPS), the arrays below */
 enum plan_kind {
     PLAN_ACTIVATION = 0, PLAN_BINARY = 1, PLAN_GEMM = 2, PLAN_MATMUL = 3, PLAN_SOFTMAX = 4,
     PLAN_LAYERNORM = 5, PLAN_RMSNORM = 6, PLAN_SILU_MUL = 7, PLAN_REDUCE_LAST = 8,
-    PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11, PLAN_ROWS_COPY = 12
+    PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11, PLAN_ROWS_COPY = 12,
+    PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256
 };
 typedef struct {
     int32_t kind, code, act, flags;
@@ -194,6 +197,12 @@ typedef struct {
     float f[4];
     int64_t n[4];
     int64_t g[12];
+    /* PLAN_CHAIN only (NULL elsewhere): chain_f32's ops, params and geometry, and the slot of
+     * each op's side operand (-1 for an activation) */
+    const int32_t *ops;
+    const float *params;
+    const int64_t *geometry;
+    const int32_t *side_slots;
 } plan_step;
 
 /* Runs steps[0..count) in order.  Returns -1, or the index of the step that failed (its

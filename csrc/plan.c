@@ -100,6 +100,15 @@ static int run_step(const plan_step *s, void *const *slots)
             memcpy((char *)slots[s->out[0]] + s->n[2] + r * s->n[3],
                    (const char *)slots[s->in[0]] + s->g[0] + r * s->g[1], (size_t)s->n[1]);
         return 0;
+    case PLAN_CHAIN: {
+        const float *sides[PLAN_CHAIN_MAX_OPS];
+        if (s->n[1] > PLAN_CHAIN_MAX_OPS)
+            return -1;
+        for (int64_t k = 0; k < s->n[1]; ++k)
+            sides[k] = s->side_slots[k] < 0 ? NULL : slots[s->side_slots[k]];
+        chain_f32(IN(0), OUT(0), s->n[0], (int)s->n[1], s->ops, s->params, sides, s->geometry);
+        return 0;
+    }
     case PLAN_GATHER:
         return gather_rows(slots[s->in[0]], slots[s->in[1]], slots[s->out[0]], s->n[0], s->n[1], s->n[2], s->n[3]);
     default:

@@ -136,6 +136,16 @@ class FusedChain:
         self._last_table = side_table if cacheable else None
         return geometry, side_table, ordered[0]
 
+    def plan_layout(self, shapes: tuple):
+        """For C-contiguous float32 arrays of these shapes (the chain's inputs): (output shape,
+        index of the input the chain starts from, C ops, C params, C side geometry) as
+        __call__ would pass them to kernels.chain, or None where it would run one by one."""
+        geometry = _geometry(self._members, tuple(tuple(s) for s in shapes))
+        if geometry is None:
+            return None
+        shape, start, ops, geo = geometry
+        return shape, start, ops, self._params, geo
+
     def one_by_one(self, x, *sides):
         value, side_values = x, iter(sides)
         for k, link in enumerate(self.links):

@@ -1204,6 +1204,19 @@ def gather_step(data: int, data_shape, itemsize: int, indices: int, index_count:
                  n=[outer, data_shape[axis], index_count, row_bytes])
 
 
+def chain_step(x: int, y: int, size: int, ops, params, geometry, side_slots) -> dict:
+    """As chain() over `size` elements: ops, params and geometry are the cdata arrays chain()
+    takes (the StepTable keeps them alive), side_slots the slot of each op's side (-1 for an
+    activation)."""
+    count = len(side_slots)
+    if size <= 0:
+        raise ValueError("an empty chain calls nothing")
+    if count > lib.PLAN_CHAIN_MAX_OPS:
+        raise ValueError(f"a chain step takes {lib.PLAN_CHAIN_MAX_OPS} ops at most, got {count}")
+    return _step(lib.PLAN_CHAIN, [x], [y], n=[size, count, 0, 0], ops=ops, params=params,
+                 geometry=geometry, side_slots=ffi.new("int32_t[]", list(side_slots)))
+
+
 class _ShapeOnly:
     """What _rows reads of an array: its shape, rank and size."""
 
@@ -1218,11 +1231,13 @@ class StepTable:
     array, which keeps the array alive until the slot is bound again, so keep the StepTable
     for as long as C may run its steps."""
 
-    __slots__ = ("steps", "count", "addresses", "_owners")
+    __slots__ = ("steps", "count", "addresses", "_owners", "_arrays")
 
     def __init__(self, steps: list[dict], slots: int):
         self.count = len(steps)
         self.steps = ffi.new("plan_step[]", steps or [{}])
+        # the C arrays the steps point to (a chain's ops, params, geometry, side slots)
+        self._arrays = [v for step in steps for v in step.values() if isinstance(v, ffi.CData)]
         self.addresses = ffi.new("void *[]", max(slots, 1))
         self._owners: list = [None] * max(slots, 1)
 

@@ -471,6 +471,8 @@ class CompiledRun:
     # building -------------------------------------------------------------------------
     def _describe(self, step: Step, rec: Recorder):
         plan = self.plan
+        if isinstance(step.run, chains.FusedChain):
+            return self._describe_chain(step, rec)
         describe = plan.c_steps.get((canonical_domain(step.node.domain), step.node.op_type))
         if describe is None or step.run is None:
             return None
@@ -489,6 +491,27 @@ class CompiledRun:
                     return None
             operands.append(listed)
         return describe(*operands, **attrs)
+
+    @staticmethod
+    def _describe_chain(step: Step, rec: Recorder):
+        """A fused elementwise chain as the one chain_f32 call its FusedChain makes."""
+        specs = [rec.specs.get(s) for s in step.inputs]
+        if any(spec is None or spec[1] != np.float32 for spec in specs):
+            return None
+        layout = step.run.plan_layout([shape for shape, _ in specs])
+        if layout is None:
+            return None
+        shape, start, ops, params, geometry = layout
+        ordered = [step.inputs[start]] + step.inputs[:start] + step.inputs[start + 1:]
+        sides = iter(ordered[1:])
+        side_slots = [next(sides) if op[0] == chains.BINARY else -1 for op in step.run.ops]
+        if rec.specs.get(step.outputs[0], (None,))[0] != shape:
+            return None
+        try:
+            return [kernels.chain_step(ordered[0], step.outputs[0], int(np.prod(shape)), ops,
+                                       params, geometry, side_slots)]
+        except ValueError:
+            return None
 
     @staticmethod
     def _root(storage: dict, slot: int) -> int:

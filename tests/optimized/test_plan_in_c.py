@@ -353,6 +353,31 @@ def test_slice_and_split_copy_what_the_reference_ops_pick(starts, ends, axes, st
     assert [op[0] for op in compiled.ops] == [C]
 
 
+def test_fused_elementwise_chains_run_as_one_chain_step():
+    # level 2's chains: sides that are channel vectors, scalars, full feeds, on either side
+    rng = np.random.default_rng(12)
+    nodes = [helper.make_node("Mul", ["row", "x"], ["a"]),       # starts from the full operand
+             helper.make_node("Sub", ["chan", "a"], ["b"]),      # side op value
+             helper.make_node("Relu", ["b"], ["c"]),
+             helper.make_node("Div", ["c", "two"], ["d"]),
+             helper.make_node("Add", ["d", "f"], ["e"]),         # a second feed
+             helper.make_node("Tanh", ["e"], ["y"])]
+    model = make_model(nodes, [tensor("x", [2, 3, 4, 5]), tensor("f", [2, 3, 4, 5])],
+                       [tensor("y", None)],
+                       [("row", rng.standard_normal(5).astype(np.float32)),
+                        ("chan", rng.standard_normal((3, 1, 1)).astype(np.float32)),
+                        ("two", np.array(2.0, np.float32))])
+    in_c = Plan(model, KERNELS, fuse_chains=True, c_steps=C_STEPS)
+    in_python = Plan(model, KERNELS, fuse_chains=True)
+    assert len(in_c.steps) == 1
+    feeds = {n: rng.standard_normal((2, 3, 4, 5)).astype(np.float32) for n in ("x", "f")}
+    for _ in range(3):
+        got = in_c.run(dict(feeds))
+    assert_identical(got, in_python.run(dict(feeds)))
+    compiled = program(in_c, feeds)
+    assert [op[0] for op in compiled.ops] == [C] and compiled.table.count == 1
+
+
 def test_a_busy_plan_runs_the_other_thread_in_python():
     in_c, in_python = plans(chain_model(length=8))
     feeds = {"x": np.ones((3, 24), np.float32)}
