@@ -29,8 +29,8 @@ included); the comparison is in extra_info: per form the medians over the rounds
 
 Before timing, each child's first output is checked: the optimized runtime's QDQ and twin
 outputs are identical (the pass makes the twin's nodes), and onnxruntime's agree with ours
-within 2% of max |y| (onnxruntime runs a QDQ pair as MatMulNBits at accuracy level 4 by
-default, quantizing the activations to 8 bits).
+within 2% of max |y| (by default onnxruntime runs a QDQ pair at a lower accuracy level; set to
+0 by `session.qdq_matmulnbits_accuracy_level`, it gives the reference's result).
 """
 from __future__ import annotations
 
