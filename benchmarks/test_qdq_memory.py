@@ -34,10 +34,12 @@ within 2% of max |y| (by default onnxruntime runs a QDQ pair at a lower accuracy
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -141,6 +143,7 @@ def model_files(name: str) -> tuple[dict, str]:
     from optimized.passes.qdq_matmul_nbits import fuse_dequantize_matmul
 
     folder = tempfile.mkdtemp(prefix=f"qdq_memory_{name}_")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # 80 to 180 MB of models
     if name == "decoder":
         qdq, feeds = qdq_decoder()
     else:
