@@ -1,5 +1,6 @@
 """Convolution through oneDNN (optimized.kernels.OneDNNConv, csrc/onednn_conv.c) against the
 reference Conv, and its dispatch in the CPU provider (optimized.cpu)."""
+import gc
 import math
 import os
 import subprocess
@@ -257,6 +258,20 @@ def test_session_re_plans_when_the_input_shape_changes(threads):
         x = rng.uniform(-1, 1, (1, 12) + hw).astype(np.float32)
         np.testing.assert_allclose(session.run(None, {"x": x})[0],
                                    reference.run(None, {"x": x})[0], rtol=1e-4, atol=5e-5)
+
+
+@needs_onednn
+def test_plans_are_freed_with_the_session(monkeypatch):
+    monkeypatch.setitem(cpu.ONEDNN_CONV_RULES, "spatial", "onednn")
+    gc.collect()
+    before = set(cpu._ONEDNN_PLANS)
+    session = InferenceSession(conv_model().SerializeToString())
+    session.run(None, {"x": np.ones((1, 12, 6, 7), np.float32)})
+    added = set(cpu._ONEDNN_PLANS) - before
+    assert len(added) == 1  # the one Conv's weights
+    del session
+    gc.collect()
+    assert not added & set(cpu._ONEDNN_PLANS)
 
 
 def run_without_onednn(code: str, setting: str) -> str:
