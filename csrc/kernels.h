@@ -64,6 +64,17 @@ void gemm_batched_f32(int trans_a, int trans_b, int batch, int m, int n, int k, 
                       const float *a, int64_t a_batch_stride, const float *b,
                       int64_t b_batch_stride, float *y);
 
+/* GEMV for decoding (csrc/gemv.c): y (m x n, contiguous) = act(alpha * a @ op(b) +
+ * beta * c) for 1 <= m <= GEMV_F32_MAX_ROWS, a's rows lda apart, b contiguous, stored n x k
+ * when trans_b, else k x n.  c may be NULL, else c[i * c_row_stride + j * c_col_stride]
+ * (strides 0 broadcast).  Threads split n only, so the result does not depend on the thread
+ * count.  allow_simd 0 forces the portable code.  Returns 0, or -1 for m out of range. */
+enum { GEMV_F32_MAX_ROWS = 4 };
+int gemv_f32(int trans_b, int m, int64_t n, int64_t k, float alpha, const float *a,
+             int64_t lda, const float *b, float beta, const float *c, int64_t c_row_stride,
+             int64_t c_col_stride, float *y, int act, float act_alpha, float act_beta,
+             int allow_simd);
+
 /* y = act(conv(x, w) + bias + residual), NCHW; w is (out_c, in_c / group, k_h, k_w).  bias
  * (out_c) and residual (shaped like y) may be NULL.  Returns 0, or -1 when out of memory. */
 int conv2d_f32(const float *x, int64_t batch, int64_t in_c, int64_t in_h, int64_t in_w,

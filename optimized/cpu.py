@@ -73,26 +73,56 @@ def ms_gelu(x):
 
 
 # GEMM and convolution ----------------------------------------------------------------------
+# Rows of A (M) up to which MatMul and Gemm with a 2-D B run csrc/gemv.c, which streams B where
+# it lies split by output column across the threads, rather than the BLAS (one thread below
+# 2^22 flops, and a GEMM kernel made for large M).  Measured with benchmarks/test_gemv.py, see
+# GEMV_CROSSOVER_MEASURED there: GEMV is ahead at every M up to 4, the most it takes.
+GEMV_ROWS_UP_TO = 4
+
+
+def gemv_rows(a_shape, b_ndim, trans_a) -> int:
+    """The rows of A that GEMV would take for this MatMul, or 0 where the BLAS runs it."""
+    if b_ndim != 2 or len(a_shape) < 2:
+        return 0
+    rows = int(np.prod(a_shape[:-2])) * (a_shape[-1] if trans_a else a_shape[-2])
+    if trans_a and a_shape[-1] != 1:
+        return 0  # A's rows strided: the BLAS reads them in place
+    return rows if 1 <= rows <= GEMV_ROWS_UP_TO else 0
+
+
 @float32_only
 def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation=None,
          activation_alpha=None, activation_beta=None, **legacy):
     if legacy:  # Gemm<7's broadcast attribute: the reference keeps its rules
         return NotImplemented
     params = [p for p in (activation_alpha, activation_beta) if p is not None]
+    if a.ndim == 2 and gemv_rows(a.shape, b.ndim, transA):
+        return kernels.gemv(a.reshape(-1, a.shape[0] if transA else a.shape[1]), b, c,
+                            alpha=alpha, beta=beta, trans_b=bool(transB), activation=activation,
+                            activation_params=params)
     return kernels.gemm(a, b, c, alpha=alpha, beta=beta, trans_a=bool(transA),
                         trans_b=bool(transB), activation=activation, activation_params=params)
 
 
+def _matmul(a, b, alpha=1.0, trans_a=False, trans_b=False):
+    rows = gemv_rows(a.shape, b.ndim, trans_a)
+    if not rows:
+        return kernels.matmul(a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
+    k = a.shape[-2] if trans_a else a.shape[-1]
+    y = kernels.gemv(a.reshape(rows, k), b, alpha=alpha, trans_b=trans_b)
+    return y.reshape(a.shape[:-2] + (rows // int(np.prod(a.shape[:-2])), y.shape[1]))
+
+
 @float32_only
 def matmul(a, b):
-    return kernels.matmul(a, b)
+    return _matmul(a, b)
 
 
 @float32_only
 def fused_matmul(a, b, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
     if transBatchA or transBatchB:
         return NotImplemented
-    return kernels.matmul(a, b, alpha=alpha, trans_a=bool(transA), trans_b=bool(transB))
+    return _matmul(a, b, alpha=alpha, trans_a=bool(transA), trans_b=bool(transB))
 
 
 def _conv(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1, pads=None,

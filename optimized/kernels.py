@@ -380,6 +380,40 @@ def matmul(a: np.ndarray, b: np.ndarray, *, alpha: float = 1.0, trans_a: bool = 
     return out
 
 
+GEMV_MAX_ROWS = lib.GEMV_F32_MAX_ROWS  # the most rows of A that gemv() takes
+
+
+def gemv(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: float = 1.0,
+         beta: float = 1.0, trans_b: bool = False, activation: str | None = None,
+         activation_params=(), out: np.ndarray | None = None,
+         allow_simd: bool = True) -> np.ndarray:
+    """act(alpha * a @ op(b) + beta * c) for a (m, k) with 1 <= m <= GEMV_MAX_ROWS and b
+    (k, n), or (n, k) with trans_b, read where it lies; C broadcast to (m, n).  Bound by
+    streaming b, split across the threads by output column (csrc/gemv.c)."""
+    code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
+    a, b = _f32("A", a), _f32("B", b)
+    _rank("A", a, 2)
+    _rank("B", b, 2)
+    m, k = a.shape
+    kb, n = b.shape[::-1] if trans_b else b.shape
+    if k != kb:
+        raise ValueError(f"GEMV inner dimensions differ: A is {[m, k]}, op(B) is {[kb, n]}")
+    if not 1 <= m <= GEMV_MAX_ROWS:
+        raise ValueError(f"GEMV takes 1 to {GEMV_MAX_ROWS} rows of A, got {m}")
+    c_strides = (0, 0)
+    if c is not None:
+        c = _f32("C", c)
+        if not _broadcasts_to(c.shape, (m, n)):
+            raise ValueError(f"GEMV C of shape {list(c.shape)} does not broadcast to {[m, n]}")
+        c_strides = tuple(s // 4 for s in np.broadcast_to(c, (m, n)).strides)
+    inputs = (a, b) if c is None else (a, b, c)
+    out = _output(out, (m, n), *inputs)
+    lib.gemv_f32(int(bool(trans_b)), m, n, k, float(alpha), _ptr(a), k, _ptr(b), float(beta),
+                 ffi.NULL if c is None else _ptr(c), c_strides[0], c_strides[1], _ptr(out),
+                 code, act_alpha, act_beta, int(bool(allow_simd)))
+    return out
+
+
 def _whole_batch(x: np.ndarray, batch: tuple) -> np.ndarray:
     """x itself when its matrices step one by one over `batch` or it holds one matrix; else a
     contiguous copy broadcast to the whole batch."""
