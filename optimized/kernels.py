@@ -35,13 +35,41 @@ def _load_blas() -> None:
 
 _load_blas()
 
+# How long an idle OpenMP thread spins before it sleeps, in libgomp's spin rounds (one `pause`
+# each; libgomp reckons 100 a microsecond, a few times fewer on this AMD EPYC).  libgomp reads
+# OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when the extension below loads it (GNU OpenMP has no
+# call to change them later); without them it spins 300000 rounds, milliseconds after every
+# parallel region.  On a busy machine, or beside onnxruntime's pool in one process, those
+# spinning threads take the cores the working threads wait for.  1000 rounds still bridge the
+# short gaps between one node's region and the next, and end soon after a run.
+# Measured at 2 threads on the busy 2-core machine (README, Performance): the llama_4bit decode
+# step 922 ms at libgomp's default, 23 ms at 1000 rounds, 22 ms passive; resnet50 1425, 221, 187.
+# A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins; ours is set for the load only, so the
+# process's environment (and its children's) stays as the user left it.  A libgomp that another
+# library loaded first keeps the settings it loaded with.
+OPENMP_SPIN_COUNT = 1000
+
+
+def _import_extension():
+    default = "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ
+    if default:
+        os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPIN_COUNT)
+    try:
+        from . import _kernels
+    finally:
+        if default:
+            del os.environ["GOMP_SPINCOUNT"]
+    return _kernels
+
+
 try:
-    from ._kernels import ffi, lib
+    _extension = _import_extension()
 except ImportError as e:  # pragma: no cover - only without a built extension
     raise ImportError(
         "optimized._kernels is not built; install the package with `pip install .` "
         "(it compiles csrc/ with cffi)"
     ) from e
+ffi, lib = _extension.ffi, _extension.lib
 
 _INT_MAX = 2**31 - 1
 
@@ -1143,31 +1171,6 @@ def matmul_step(a: int, a_shape, b: int, b_shape, y: int, *, alpha=1.0, trans_a=
                for s in (a_shape, b_shape)]
     return _step(lib.PLAN_MATMUL, [a, b], [y], flags=int(bool(trans_a)) | int(bool(trans_b)) << 1,
                  n=[m, n, k, count], f=[float(alpha), 0.0, 0.0, 0.0], g=strides + [0] * 10)
-
-
-def gemv_step(a: int, a_shape, b: int, b_shape, c: int, c_shape, y: int, *, alpha=1.0,
-              beta=1.0, trans_b=False, activation=None, activation_params=()) -> dict:
-    """As gemv(); a_shape is (m, k) (the rows of a MatMul's A taken together); c is -1 (and
-    c_shape None) without a C input."""
-    code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
-    if len(a_shape) != 2 or len(b_shape) != 2:
-        raise ValueError(f"GEMV takes 2-D A and B, got {list(a_shape)} and {list(b_shape)}")
-    m, k = a_shape
-    kb, n = b_shape[::-1] if trans_b else b_shape
-    if k != kb:
-        raise ValueError(f"GEMV inner dimensions differ: A is {[m, k]}, op(B) is {[kb, n]}")
-    if not 1 <= m <= GEMV_MAX_ROWS:
-        raise ValueError(f"GEMV takes 1 to {GEMV_MAX_ROWS} rows of A, got {m}")
-    _nonempty((m, n))
-    c_strides = (0, 0)
-    if c_shape is not None:
-        if not _broadcasts_to(tuple(c_shape), (m, n)):
-            raise ValueError(f"GEMV C of shape {list(c_shape)} does not broadcast to {[m, n]}")
-        c_strides = tuple(s // 4 for s in np.broadcast_to(
-            np.empty(c_shape, np.float32), (m, n)).strides)
-    return _step(lib.PLAN_GEMV, [a, b, c], [y], act=code, flags=int(bool(trans_b)) << 1,
-                 n=[m, n, k, 0], f=[float(alpha), float(beta), act_alpha, act_beta],
-                 g=list(c_strides) + [0] * 10)
 
 
 def softmax_step(x: int, y: int, shape) -> dict:

@@ -1,0 +1,110 @@
+"""Threads: the wait policy libgomp runs our OpenMP pool with (optimized/kernels.py sets it
+before the extension loads libgomp, unless the user set one), and results that do not depend
+on the thread count.
+
+The policy is read back from libgomp itself (omp_display_env prints the values it runs with),
+in a fresh interpreter each time, since libgomp reads the environment once, when it loads."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import optimized
+from optimized import kernels
+
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+# Imports optimized, then prints libgomp's wait settings (as omp_display_env reports them, on
+# stderr) and what this process's environment holds afterwards (on stdout).
+PROBE = """
+import ctypes, json, os
+import optimized.kernels
+ctypes.CDLL("libgomp.so.1").omp_display_env(1)
+print(json.dumps({k: os.environ.get(k) for k in %r}))
+""" % (WAIT_VARIABLES,)
+
+
+def libgomp_settings(**env: str) -> tuple[dict[str, str], str]:
+    """({variable: value libgomp runs with}, the environment after import as JSON) in a fresh
+    interpreter whose environment holds exactly `env` of the wait variables."""
+    environment = {k: v for k, v in os.environ.items() if k not in WAIT_VARIABLES}
+    environment.update(env)
+    done = subprocess.run([sys.executable, "-c", PROBE], env=environment, capture_output=True,
+                          text=True, timeout=120, check=True)
+    shown = dict(re.findall(r"^\s*(OMP_WAIT_POLICY|GOMP_SPINCOUNT) = '([^']*)'", done.stderr,
+                            flags=re.MULTILINE))
+    assert set(shown) == set(WAIT_VARIABLES), f"omp_display_env printed:\n{done.stderr}"
+    return shown, done.stdout.strip().splitlines()[-1]
+
+
+def test_without_a_user_setting_libgomp_spins_the_documented_count():
+    shown, after = libgomp_settings()
+    assert shown["GOMP_SPINCOUNT"] == str(kernels.OPENMP_SPIN_COUNT)
+    assert shown["GOMP_SPINCOUNT"] != "300000"  # libgomp's own default, which starves others
+    # the default is libgomp's alone: the process's environment (and its children's) is as
+    # the user left it
+    assert after == '{"OMP_WAIT_POLICY": null, "GOMP_SPINCOUNT": null}'
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}),
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}),
+    ({"GOMP_SPINCOUNT": "123457"}, {"GOMP_SPINCOUNT": "123457"}),
+], ids=["active", "passive", "spincount"])
+def test_a_users_own_setting_is_kept(env, expected):
+    shown, after = libgomp_settings(**env)
+    assert {k: shown[k] for k in expected} == expected
+    assert after == "{%s}" % ", ".join(
+        f'"{k}": ' + (f'"{env[k]}"' if k in env else "null") for k in WAIT_VARIABLES)
+
+
+# --- thread-count invariance ---------------------------------------------------------------
+
+def small_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Conv + bias + Relu, a MaxPool, a MatMul over the flattened map and a Softmax: work big
+    enough that the kernels split it across two threads (N=2, C=3, H=46, W=37; non-square so
+    an axis mix-up shows)."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    m = rng.standard_normal((16 * 23 * 18, 300)).astype(np.float32) / 80
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("MatMul", ["f", "m"], ["y0"]),
+        helper.make_node("Softmax", ["y0"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "threads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 46, 37])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 300]),
+         helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 16, 46, 37])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+         numpy_helper.from_array(m, "m")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((2, 3, 46, 37)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("level", [1, 99])
+def test_outputs_do_not_depend_on_the_thread_count(level):
+    model, feeds = small_model()
+    outputs = {}
+    for threads in (1, 2):
+        options = optimized.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.graph_optimization_level = optimized.GraphOptimizationLevel(level)
+        session = optimized.InferenceSession(model.SerializeToString(), options,
+                                             providers=["CPUExecutionProvider"])
+        outputs[threads] = session.run(None, feeds)
+    for one, two in zip(outputs[1], outputs[2]):
+        # the same sums taken in the same order whichever thread takes them: the kernels split
+        # work by output element, never a reduction between threads
+        np.testing.assert_array_equal(one, two)
