@@ -5,10 +5,14 @@
  * only; built without it (ONNX_PARITY_NO_ONEDNN), onednn_open reports so and nothing else runs.
  *
  * A plan (struct onednn_conv) is made once per node, input shape and thread count: the
- * primitive with bias, residual sum and activation as post-ops, its weights reordered once
+ * primitive with bias and residual sum as post-ops, its weights reordered once
  * into the layout the primitive reads (a copy owned by the plan), and the reorders between
  * the caller's NCHW and the primitive's layout.  Runs share one workspace for the laid-out
- * source and destination, so runs are serialised by one lock; each uses every thread. */
+ * source and destination, so runs are serialised by one lock; each uses every thread.
+ *
+ * The activation runs as our own kernel (activation_f32) over the output, not as oneDNN's
+ * eltwise post-op: that post-op's Relu and Clip turn a NaN into 0 (measured), where ONNX
+ * propagates it. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -84,7 +88,7 @@ void onednn_conv_destroy(onednn_conv *c)
     X(dnnl_memory_desc_get_size) X(dnnl_memory_create) X(dnnl_memory_set_data_handle)             \
     X(dnnl_memory_destroy) X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)           \
     X(dnnl_primitive_attr_set_post_ops) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)          \
-    X(dnnl_post_ops_append_sum) X(dnnl_post_ops_append_eltwise)                                   \
+    X(dnnl_post_ops_append_sum)                                                                   \
     X(dnnl_convolution_forward_primitive_desc_create) X(dnnl_reorder_primitive_desc_create)       \
     X(dnnl_primitive_desc_query_md) X(dnnl_primitive_desc_query) X(dnnl_primitive_desc_destroy)   \
     X(dnnl_primitive_create) X(dnnl_primitive_execute) X(dnnl_primitive_destroy)
@@ -145,7 +149,8 @@ struct onednn_conv {
     dnnl_memory_t user_src, user_dst, src, dst, weights, bias;
     size_t bytes[2];                           /* src, dst in the primitive's layout */
     size_t user_dst_bytes;
-    int threads;
+    int threads, act;
+    float alpha, beta;
     char implementation[128];
 };
 
@@ -159,19 +164,6 @@ enum { SRC = 0, DST = 1 };
             goto fail;                                                                             \
         }                                                                                          \
     } while (0)
-
-static int eltwise_of(int act, dnnl_alg_kind_t *alg)
-{
-    switch (act) {
-    case ACT_RELU: case ACT_LEAKY_RELU: *alg = dnnl_eltwise_relu; return 1;
-    case ACT_SIGMOID: *alg = dnnl_eltwise_logistic; return 1;
-    case ACT_TANH: *alg = dnnl_eltwise_tanh; return 1;
-    case ACT_CLIP: *alg = dnnl_eltwise_clip_v2; return 1;
-    case ACT_GELU: *alg = dnnl_eltwise_gelu_erf; return 1;
-    case ACT_GELU_TANH: *alg = dnnl_eltwise_gelu_tanh; return 1;
-    default: return 0;
-    }
-}
 
 static dnnl_status_t reorder(dnnl_primitive_t *prim, const_dnnl_memory_desc_t from,
                              const_dnnl_memory_desc_t to)
@@ -236,14 +228,11 @@ onednn_conv *onednn_conv_create(const int64_t *geometry, const float *w, const f
     CHECK(dnnl.dnnl_post_ops_create(&ops), "post-ops");
     if (has_residual)
         CHECK(dnnl.dnnl_post_ops_append_sum(ops, 1.0f, 0, dnnl_data_type_undef), "sum post-op");
-    dnnl_alg_kind_t alg;
-    if (eltwise_of(act, &alg))
-        CHECK(dnnl.dnnl_post_ops_append_eltwise(ops, alg, act == ACT_RELU ? 0.0f : alpha, beta),
-              "activation post-op");
-    else if (act != ACT_NONE) {
-        snprintf(last_error, sizeof last_error, "activation %d has no oneDNN post-op", act);
+    if (act < ACT_NONE || act > ACT_GELU_TANH) {
+        snprintf(last_error, sizeof last_error, "unknown activation code %d", act);
         goto fail;
     }
+    c->act = act, c->alpha = alpha, c->beta = beta;
     CHECK(dnnl.dnnl_primitive_attr_create(&attr), "attributes");
     CHECK(dnnl.dnnl_primitive_attr_set_post_ops(attr, ops), "attributes");
     CHECK(dnnl.dnnl_convolution_forward_primitive_desc_create(
@@ -361,19 +350,24 @@ int onednn_conv_run(onednn_conv *c, const float *x, const float *residual, float
         if (run_reorder(c->from_dst, c->dst, c->user_dst) != dnnl_success) goto out;
     }
     status = dnnl.dnnl_stream_wait(stream) == dnnl_success ? 0 : -1;
+    if (status == 0 && c->act != ACT_NONE)
+        activation_f32(y, y, c->user_dst_bytes / sizeof(float), c->act, c->alpha, c->beta);
 out:
     pthread_mutex_unlock(&run_lock);
     return status;
 }
 
 /* The convolution alone, x and y already in the primitive's layout (onednn_conv_native_bytes
- * each); a residual is whatever y holds before the call. */
+ * each); a residual is whatever y holds before the call.  The activation covers the whole
+ * buffer, a blocked layout's padding channels included. */
 int onednn_conv_run_native(onednn_conv *c, const float *x, float *y)
 {
     pthread_mutex_lock(&run_lock);
     omp_set_num_threads(c->threads);
     int status = execute(c, (void *)x, y) == dnnl_success
                  && dnnl.dnnl_stream_wait(stream) == dnnl_success ? 0 : -1;
+    if (status == 0 && c->act != ACT_NONE)
+        activation_f32(y, y, c->bytes[DST] / sizeof(float), c->act, c->alpha, c->beta);
     pthread_mutex_unlock(&run_lock);
     return status;
 }

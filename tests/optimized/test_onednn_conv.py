@@ -127,6 +127,24 @@ def test_residual_may_be_the_output(layout):
 
 
 @needs_onednn
+@pytest.mark.parametrize("activation, params", [("Relu", ()), ("Clip", (-1.0, 1.0)),
+                                                ("LeakyRelu", (0.1,)), (None, ())])
+def test_nan_and_inf_pass_through_the_activation(activation, params):
+    """Relu(NaN) is NaN in ONNX (oneDNN's own Relu and Clip post-ops give 0 and a bound)."""
+    x = np.ones((1, 16, 5, 6), np.float32)
+    x[0, 0, 2, 2], x[0, 1, 0, 0] = np.nan, np.inf
+    w = np.ones((8, 16, 3, 3), np.float32)
+    got = kernels.OneDNNConv(x.shape, w, pads=[1] * 4, activation=activation,
+                             activation_params=params)(x)
+    y = reference_conv(x, w, pads=[1] * 4)
+    want = {"Relu": np.maximum(y, 0), "Clip": np.clip(y, -1, 1),
+            "LeakyRelu": np.where(y < 0, 0.1 * y, y), None: y}[activation]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got).any() and (activation == "Clip" or np.isinf(got).any())
+    np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
+@needs_onednn
 def test_weights_are_copied_at_plan_time():
     rng = np.random.default_rng(4)
     x = rng.uniform(-1, 1, (1, 16, 6, 5)).astype(np.float32)
