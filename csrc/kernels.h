@@ -194,12 +194,14 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
  *   PLAN_ROWS_COPY    n[0] rows of n[1] bytes from in[0] + g[0] bytes, rows g[1] bytes apart, to
  *                     out[0] + n[2] bytes, rows n[3] bytes apart (a Concat input, a Split output)
  *   PLAN_CHAIN        chain_f32 of in[0] into out[0]: n[0] elements, n[1] ops (at most
- *                     PLAN_CHAIN_MAX_OPS), the arrays below */
+ *                     PLAN_CHAIN_MAX_OPS), the arrays below
+ *   PLAN_GEMV         gemv_f32: flags bit 1 trans_b, n[0..2] m, n, k (a's rows k apart),
+ *                     f[0] alpha, f[1] beta, in[2] c with strides g[0..1], act with f[2..3] */
 enum plan_kind {
     PLAN_ACTIVATION = 0, PLAN_BINARY = 1, PLAN_GEMM = 2, PLAN_MATMUL = 3, PLAN_SOFTMAX = 4,
     PLAN_LAYERNORM = 5, PLAN_RMSNORM = 6, PLAN_SILU_MUL = 7, PLAN_REDUCE_LAST = 8,
     PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11, PLAN_ROWS_COPY = 12,
-    PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256
+    PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256, PLAN_GEMV = 14
 };
 typedef struct {
     int32_t kind, code, act, flags;

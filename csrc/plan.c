@@ -109,6 +109,10 @@ static int run_step(const plan_step *s, void *const *slots)
         chain_f32(IN(0), OUT(0), s->n[0], (int)s->n[1], s->ops, s->params, sides, s->geometry);
         return 0;
     }
+    case PLAN_GEMV:
+        return gemv_f32((s->flags >> 1) & 1, (int)s->n[0], s->n[1], s->n[2], s->f[0], IN(0),
+                        s->n[2], IN(1), s->f[1], IN(2), s->g[0], s->g[1], OUT(0), s->act,
+                        s->f[2], s->f[3], 1);
     case PLAN_GATHER:
         return gather_rows(slots[s->in[0]], slots[s->in[1]], slots[s->out[0]], s->n[0], s->n[1], s->n[2], s->n[3]);
     default:

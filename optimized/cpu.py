@@ -493,6 +493,13 @@ def _gemm_steps(ins, outs, *, alpha=1.0, beta=1.0, transA=0, transB=0, activatio
     a, b = ins[:2]
     c = ins[2] if len(ins) > 2 else None
     params = [p for p in (activation_alpha, activation_beta) if p is not None]
+    if len(a.shape) == 2 and gemv_rows(a.shape, len(b.shape), transA):
+        rows = a.shape[1] if transA else a.shape[0]
+        return [kernels.gemv_step(a.slot, (rows, int(np.prod(a.shape)) // rows),
+                                  b.slot, b.shape, -1 if c is None else c.slot,
+                                  None if c is None else c.shape, outs[0].slot, alpha=alpha,
+                                  beta=beta, trans_b=bool(transB), activation=activation,
+                                  activation_params=params)]
     return [kernels.gemm_step(a.slot, a.shape, b.slot, b.shape, -1 if c is None else c.slot,
                               None if c is None else c.shape, outs[0].slot, alpha=alpha,
                               beta=beta, trans_a=bool(transA), trans_b=bool(transB),
@@ -504,6 +511,10 @@ def _matmul_steps(ins, outs, *, alpha=1.0, transA=0, transB=0, transBatchA=0, tr
     if transBatchA or transBatchB:
         return None
     a, b = ins[:2]
+    rows = gemv_rows(a.shape, len(b.shape), transA)
+    if rows:
+        return [kernels.gemv_step(a.slot, (rows, int(np.prod(a.shape)) // rows), b.slot, b.shape,
+                                  -1, None, outs[0].slot, alpha=alpha, trans_b=bool(transB))]
     return [kernels.matmul_step(a.slot, a.shape, b.slot, b.shape, outs[0].slot, alpha=alpha,
                                 trans_a=bool(transA), trans_b=bool(transB))]
 

@@ -1173,6 +1173,31 @@ def matmul_step(a: int, a_shape, b: int, b_shape, y: int, *, alpha=1.0, trans_a=
                  n=[m, n, k, count], f=[float(alpha), 0.0, 0.0, 0.0], g=strides + [0] * 10)
 
 
+def gemv_step(a: int, a_shape, b: int, b_shape, c: int, c_shape, y: int, *, alpha=1.0,
+              beta=1.0, trans_b=False, activation=None, activation_params=()) -> dict:
+    """As gemv(); a_shape is (m, k) (the rows of a MatMul's A taken together); c is -1 (and
+    c_shape None) without a C input."""
+    code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
+    if len(a_shape) != 2 or len(b_shape) != 2:
+        raise ValueError(f"GEMV takes 2-D A and B, got {list(a_shape)} and {list(b_shape)}")
+    m, k = a_shape
+    kb, n = b_shape[::-1] if trans_b else b_shape
+    if k != kb:
+        raise ValueError(f"GEMV inner dimensions differ: A is {[m, k]}, op(B) is {[kb, n]}")
+    if not 1 <= m <= GEMV_MAX_ROWS:
+        raise ValueError(f"GEMV takes 1 to {GEMV_MAX_ROWS} rows of A, got {m}")
+    _nonempty((m, n))
+    c_strides = (0, 0)
+    if c_shape is not None:
+        if not _broadcasts_to(tuple(c_shape), (m, n)):
+            raise ValueError(f"GEMV C of shape {list(c_shape)} does not broadcast to {[m, n]}")
+        c_strides = tuple(s // 4 for s in np.broadcast_to(
+            np.empty(c_shape, np.float32), (m, n)).strides)
+    return _step(lib.PLAN_GEMV, [a, b, c], [y], act=code, flags=int(bool(trans_b)) << 1,
+                 n=[m, n, k, 0], f=[float(alpha), float(beta), act_alpha, act_beta],
+                 g=list(c_strides) + [0] * 10)
+
+
 def softmax_step(x: int, y: int, shape) -> dict:
     rows, cols = _rows("softmax", _ShapeOnly(shape))
     _nonempty(shape)

@@ -152,3 +152,41 @@ def test_more_rows_go_to_the_blas():
     a, b = rand(0, cpu.GEMV_ROWS_UP_TO + 1, 16), rand(1, 16, 9)
     assert cpu.gemv_rows(a.shape, b.ndim, False) == 0
     judge("", "MatMul", [a, b], cpu.KERNELS[("", "MatMul")](a, b))
+
+
+# --- the plan's step table (csrc/plan.c PLAN_GEMV) ----------------------------------------
+
+def decode_model(rows, k, n):
+    """x (rows, 1, k) @ w1 (k, n) -> Gemm with w2 (n', n) transB, bias and Relu (FusedGemm's
+    epilogue is not in opset 21: Relu as its own node)."""
+    from onnx import TensorProto, numpy_helper
+
+    w1, w2, bias = rand(1, k, n), rand(2, n + 3, n), rand(3, n + 3)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Reshape", ["h", "shape"], ["h2"]),
+             helper.make_node("Gemm", ["h2", "w2", "bias"], ["g"], transB=1, alpha=0.5),
+             helper.make_node("Relu", ["g"], ["y"])]
+    inits = [numpy_helper.from_array(v, name) for name, v in
+             (("w1", w1), ("w2", w2), ("bias", bias), ("shape", np.array([rows, n], np.int64)))]
+    graph = helper.make_graph(nodes, "decode",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_step_table_runs_gemv_steps_with_the_python_plans_bits(rows, threads):
+    from optimized.cpu import C_STEPS, KERNELS
+    from optimized.plan import Plan
+
+    threads(2)
+    model = decode_model(rows, 37, 301)
+    feeds = {"x": rand(4, rows, 1, 37)}
+    in_c, in_python = Plan(model, KERNELS, c_steps=C_STEPS), Plan(model, KERNELS)
+    for _ in range(3):  # records, compiles, runs the table
+        got = in_c.run(dict(feeds))
+    program, = in_c._programs.values()
+    kinds = [int(s.kind) for s in program.table.steps[0:program.table.count]]
+    assert kinds.count(int(kernels.lib.PLAN_GEMV)) == 2, kinds
+    np.testing.assert_array_equal(got[0], in_python.run(dict(feeds))[0])
