@@ -225,7 +225,7 @@ class Plan:
             if checker is not None and step.reference is not None:
                 checker(step, values, outputs)
             if record is not None:
-                record(i, step, outputs)
+                record(i, step, values, outputs)
             for s, value in zip(step.outputs, outputs):
                 if s != ABSENT:
                     slots[s] = value
@@ -355,7 +355,7 @@ def _fixed_size(value) -> bool:
 class Operand:
     """A value as a step description sees it: its slot, shape and dtype in the recorded run,
     and the value itself where it is the same in every run of the signature."""
-    __slots__ = ("slot", "shape", "dtype", "value")
+    __slots__ = ("dtype", "shape", "slot", "value")
 
     def __init__(self, slot: int, shape: tuple, dtype, value=None):
         self.slot, self.shape, self.dtype, self.value = slot, tuple(shape), np.dtype(dtype), value
@@ -367,6 +367,8 @@ class Recorder:
     deterministic ops over those, Shape and Size)."""
 
     def __init__(self, plan: Plan, feeds: dict):
+        self.plan = plan
+        self.unmatched: set[int] = set()  # steps whose description gave other results
         self.specs: dict[int, tuple] = {}
         self.static: dict[int, Any] = {}
         self.producer: dict[int, int] = {}
@@ -383,17 +385,41 @@ class Recorder:
         if _fixed_size(value):
             self.specs[slot] = (value.shape, value.dtype)
 
-    def record(self, i: int, step: Step, outputs: list) -> None:
+    def record(self, i: int, step: Step, values: list, outputs: list) -> None:
         for s, value in zip(step.outputs, outputs):
             if s != ABSENT:
                 self.producer[s] = i
                 self._spec(s, value)
+        if not self._matches(step, values, outputs):
+            self.unmatched.add(i)
         if self._foldable(step, outputs):
             if step.node.op_type in SHAPE_OPS:
                 self.shape_reads.add(step.inputs[0])
             for s, value in zip(step.outputs, outputs):
                 if s != ABSENT:
                     self.static[s] = value
+
+    def _matches(self, step: Step, values: list, outputs: list) -> bool:
+        """Whether the step's description, run on its own over this run's inputs, gives this
+        run's outputs bit for bit (True where there is no description to run).  This keeps
+        the step table to the kernels' results even where a fast kernel changes its path."""
+        description = describe_step(self.plan, step, self)
+        if not description or description == ALIAS:
+            return True
+        table = kernels.StepTable(description, len(self.plan.names))
+        for s, value in zip(step.inputs, values):
+            if s != ABSENT:
+                table.bind(s, value if value.flags.c_contiguous else np.ascontiguousarray(value))
+        results = []
+        for s in step.outputs:
+            if s != ABSENT:
+                shape, dtype = self.specs[s]
+                results.append((s, np.empty(shape, dtype)))
+                table.bind(s, results[-1][1])
+        if table.run(0, table.count) >= 0:
+            return False
+        made = {s: v for s, v in zip(step.outputs, outputs)}
+        return all(made[s].tobytes() == got.tobytes() for s, got in results)
 
     def _foldable(self, step: Step, outputs: list) -> bool:
         node = step.node
@@ -405,6 +431,51 @@ class Recorder:
         if node.op_type in SHAPE_OPS:
             return bool(step.inputs) and step.inputs[0] in self.specs
         return all(s in self.static for s in step.inputs if s != ABSENT)
+
+
+def describe_step(plan: Plan, step: Step, rec: Recorder):
+    """The step as step-table entries (cpu.C_STEPS, or a fused chain), ALIAS, or None."""
+    if isinstance(step.run, chains.FusedChain):
+        return _describe_chain(step, rec)
+    describe = plan.c_steps.get((canonical_domain(step.node.domain), step.node.op_type))
+    if describe is None or step.run is None:
+        return None
+    attrs = plan._static_attributes(step.node)
+    if attrs is None:
+        return None
+    operands = []
+    for slots in (step.inputs, step.outputs):
+        listed = []
+        for s in slots:
+            if s == ABSENT:
+                listed.append(None)
+            elif s in rec.specs:
+                listed.append(Operand(s, *rec.specs[s], rec.static.get(s)))
+            else:
+                return None
+        operands.append(listed)
+    return describe(*operands, **attrs)
+
+
+def _describe_chain(step: Step, rec: Recorder):
+    """A fused elementwise chain as the one chain_f32 call its FusedChain makes."""
+    specs = [rec.specs.get(s) for s in step.inputs]
+    if any(spec is None or spec[1] != np.float32 for spec in specs):
+        return None
+    layout = step.run.plan_layout([shape for shape, _ in specs])
+    if layout is None:
+        return None
+    shape, start, ops, params, geometry = layout
+    ordered = [step.inputs[start]] + step.inputs[:start] + step.inputs[start + 1:]
+    sides = iter(ordered[1:])
+    side_slots = [next(sides) if op[0] == chains.BINARY else -1 for op in step.run.ops]
+    if rec.specs.get(step.outputs[0], (None,))[0] != shape:
+        return None
+    try:
+        return [kernels.chain_step(ordered[0], step.outputs[0], int(np.prod(shape)), ops,
+                                   params, geometry, side_slots)]
+    except ValueError:
+        return None
 
 
 C, PY = 0, 1
@@ -433,7 +504,7 @@ class CompiledRun:
             if made and all(s in rec.static and rec.producer.get(s) == i for s in made):
                 kinds.append(None)  # worked out once
                 continue
-            description = self._describe(step, rec)
+            description = None if i in rec.unmatched else describe_step(plan, step, rec)
             kinds.append(PY if description is None else C)
             if description is not None:
                 described[i] = description
@@ -469,50 +540,6 @@ class CompiledRun:
         self._table(steps, kinds, described, rec, storage, need, outputs)
 
     # building -------------------------------------------------------------------------
-    def _describe(self, step: Step, rec: Recorder):
-        plan = self.plan
-        if isinstance(step.run, chains.FusedChain):
-            return self._describe_chain(step, rec)
-        describe = plan.c_steps.get((canonical_domain(step.node.domain), step.node.op_type))
-        if describe is None or step.run is None:
-            return None
-        attrs = plan._static_attributes(step.node)
-        if attrs is None:
-            return None
-        operands = []
-        for slots in (step.inputs, step.outputs):
-            listed = []
-            for s in slots:
-                if s == ABSENT:
-                    listed.append(None)
-                elif s in rec.specs:
-                    listed.append(Operand(s, *rec.specs[s], rec.static.get(s)))
-                else:
-                    return None
-            operands.append(listed)
-        return describe(*operands, **attrs)
-
-    @staticmethod
-    def _describe_chain(step: Step, rec: Recorder):
-        """A fused elementwise chain as the one chain_f32 call its FusedChain makes."""
-        specs = [rec.specs.get(s) for s in step.inputs]
-        if any(spec is None or spec[1] != np.float32 for spec in specs):
-            return None
-        layout = step.run.plan_layout([shape for shape, _ in specs])
-        if layout is None:
-            return None
-        shape, start, ops, params, geometry = layout
-        ordered = [step.inputs[start]] + step.inputs[:start] + step.inputs[start + 1:]
-        sides = iter(ordered[1:])
-        side_slots = [next(sides) if op[0] == chains.BINARY else -1 for op in step.run.ops]
-        if rec.specs.get(step.outputs[0], (None,))[0] != shape:
-            return None
-        try:
-            return [kernels.chain_step(ordered[0], step.outputs[0], int(np.prod(shape)), ops,
-                                       params, geometry, side_slots)]
-        except ValueError:
-            return None
-
     @staticmethod
     def _root(storage: dict, slot: int) -> int:
         while isinstance(storage.get(slot), tuple):

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import optimized
 from optimized import kernels
 from optimized.cpu import C_STEPS, KERNELS
-from optimized.plan import C, PY, Plan
+from optimized.plan import PY, C, Plan
 from reference.errors import NodeError
 
 F = TensorProto.FLOAT
@@ -157,6 +157,18 @@ def test_each_signature_is_compiled_again_on_its_own_shapes():
         assert_identical(got, in_python.run(dict(feeds)))
         assert program(in_c, feeds) is not None
     assert len(in_c._programs) == 3
+
+
+def test_feeds_that_are_views():
+    # strided, transposed and negatively strided feeds: C reads a contiguous copy
+    base = np.random.default_rng(13).standard_normal((12, 14)).astype(np.float32)
+    in_c, in_python = plans(mixed_model())
+    for view in (base[::2, 3:10], base[:7, :6].T, base[5::-1, 2:9]):
+        assert view.shape == (6, 7) and not view.flags.c_contiguous
+        for _ in range(3):
+            got = in_c.run({"x": view})
+        assert_identical(got, in_python.run({"x": np.ascontiguousarray(view)}))
+    assert len(in_c._programs) == 1
 
 
 def test_same_results_at_one_and_two_threads(threads):
@@ -376,6 +388,23 @@ def test_fused_elementwise_chains_run_as_one_chain_step():
     assert_identical(got, in_python.run(dict(feeds)))
     compiled = program(in_c, feeds)
     assert [op[0] for op in compiled.ops] == [C] and compiled.table.count == 1
+
+
+def test_a_description_that_gives_other_results_is_not_used():
+    # as if a fast kernel had changed its arithmetic since its description was written
+    def sigmoid_instead(ins, outs, **attrs):
+        return C_STEPS[("", "Sigmoid")](ins, outs)
+
+    model = chain_model(length=9)
+    in_c = Plan(model, KERNELS, c_steps={**C_STEPS, ("", "Relu"): sigmoid_instead})
+    in_python = Plan(model, KERNELS)
+    feeds = {"x": np.random.default_rng(14).standard_normal((3, 24)).astype(np.float32)}
+    for _ in range(3):
+        got = in_c.run(dict(feeds))
+    assert_identical(got, in_python.run(dict(feeds)))
+    compiled = program(in_c, feeds)
+    in_python_steps = [in_c.steps[op[1]].node.op_type for op in compiled.ops if op[0] == PY]
+    assert in_python_steps == ["Relu"]
 
 
 def test_a_busy_plan_runs_the_other_thread_in_python():
