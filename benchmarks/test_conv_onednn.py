@@ -1,4 +1,4 @@
-"""Single convolutions (bias and fused Relu, batch 1): oneDNN against our own kernel and
+"""Single convolutions (bias and Relu, batch 1): oneDNN against our own kernel and
 onnxruntime, each implementation in its own process, rounds alternated (benchmarks/isolated.py).
 
 Implementations (WORKERS):
