@@ -177,6 +177,33 @@ def test_fast_kernel_on_views(key, kind):
             np.testing.assert_array_equal(view, copy)
 
 
+# the GEMV path of the same kernels (csrc/gemv.c): up to cpu.GEMV_ROWS_UP_TO rows of A
+GEMV_CASES = {
+    ("", "Gemm"): ([rand(0, 3, 9), rand(1, 7, 9), rand(2, 7)],
+                   {"alpha": 0.5, "beta": 2.0, "transB": 1}),
+    (MS, "FusedGemm"): ([rand(0, 9, 1), rand(1, 9, 7), rand(2, 7)],
+                        {"transA": 1, "activation": "Relu"}),
+    ("", "MatMul"): ([rand(0, 2, 2, 9), rand(1, 9, 7)], {}),
+    (MS, "FusedMatMul"): ([rand(0, 3, 9), rand(1, 7, 9)], {"alpha": 0.5, "transB": 1}),
+}
+
+
+@pytest.mark.parametrize("kind", VIEWS)
+@pytest.mark.parametrize("key", sorted(GEMV_CASES), ids=lambda k: f"{k[0] or 'ai.onnx'}.{k[1]}")
+def test_gemv_path_on_views(key, kind):
+    from optimized.cpu import gemv_rows
+
+    inputs, attrs = GEMV_CASES[key]
+    assert gemv_rows(inputs[0].shape, inputs[1].ndim, attrs.get("transA", 0)) > 0
+    views = [as_view(v, kind) for v in inputs]
+    copies = [np.ascontiguousarray(v) for v in views]
+    got = fast(key, views, attrs)
+    np.testing.assert_array_equal(got, fast(key, copies, attrs))
+    np.testing.assert_allclose(got, reference(key, copies, attrs), rtol=1e-5, atol=1e-5)
+    for view, copy in zip(views, copies):
+        np.testing.assert_array_equal(view, copy)
+
+
 # --- fused chains --------------------------------------------------------------------------
 
 SHAPE = (2, 3, 8, 10)
