@@ -176,6 +176,7 @@ def _onednn_conv(x, w, b, z, attrs):
     not a read-only view such as a broadcast), made on the first call per input shape and thread
     count; else None (our kernel runs it)."""
     if (not _constant(w) or (b is not None and not _constant(b)) or w.ndim != 4
+            or x.size == 0 or w.size == 0  # oneDNN refuses empty tensors at run time
             or ONEDNN_CONV_RULES.get(conv_class(w, attrs["group"])) != "onednn"
             or kernels.onednn_unavailable() is not None):
         return None

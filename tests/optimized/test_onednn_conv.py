@@ -238,6 +238,25 @@ def test_provider_keeps_our_kernel_where_the_rules_say(monkeypatch):
     assert id(writable) not in cpu._ONEDNN_PLANS
 
 
+@needs_onednn
+@pytest.mark.parametrize("shape", [(0, 10, 5, 7), (2, 10, 0, 7), (2, 10, 5, 0)])
+def test_empty_inputs_give_empty_outputs(monkeypatch, shape):
+    """oneDNN creates a plan for an empty batch or plane but fails to run it (found by
+    fuzzing): such inputs never reach it."""
+    monkeypatch.setitem(cpu.ONEDNN_CONV_RULES, "spatial", "onednn")
+    w = constant(np.ones((12, 10, 3, 3)))
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "empty",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 10, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.ones(shape, np.float32)
+    (y,) = InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    assert y.shape == want.shape == (shape[0], 12) + shape[2:]
+
+
 def test_rules_name_every_class():
     assert set(cpu.ONEDNN_CONV_RULES) == {"spatial", "pointwise", "few-input-channels",
                                            "depthwise", "grouped"}
