@@ -30,6 +30,7 @@ from reference.agreement import Mismatch, Tolerance, compare_values
 OPSET = 21
 IR_VERSION = 10  # what onnxruntime >= 1.20 reads; opset 21 needs IR 10
 LEVELS = (0, 1, 2, 99)
+REPEATS = 3  # runs per optimized session: the first in Python, the later ones planned in C
 DTYPES = ("float32", "float16", "int64", "bool")
 FLOATS = ("float32", "float16")
 ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
@@ -575,12 +576,44 @@ def run_reference(model, feeds) -> list:
     return ReferenceEvaluator(model).run(None, feeds)
 
 
+class RepeatedRunMismatch(Exception):
+    """A session's later run of the same feeds disagrees with its first, or changed it."""
+
+
 def run_optimized(model_bytes: bytes, feeds, level: int) -> list:
+    """The first run's outputs, after REPEATS runs of one session that must all give them
+    bit for bit: the plan runs a signature's steps as one C call from its second run on, and
+    a later run must not write into the arrays an earlier one returned."""
     from optimized import GraphOptimizationLevel, InferenceSession, SessionOptions
 
     options = SessionOptions()
     options.graph_optimization_level = GraphOptimizationLevel.from_level(level)
-    return InferenceSession(model_bytes, sess_options=options).run(None, feeds)
+    session = InferenceSession(model_bytes, sess_options=options)
+    first = session.run(None, feeds)
+    kept = [np.array(o, copy=True) for o in first]
+    for run in range(2, REPEATS + 1):
+        again = session.run(None, feeds)
+        _same_bits(kept, again, f"run {run} differs from run 1")
+    _same_bits(kept, first, "run 1's outputs were changed by a later run")
+    return first
+
+
+def _same_bits(expected: list, actual: list, what: str) -> None:
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        a = np.asarray(a)
+        same = (e.shape == a.shape and e.dtype == a.dtype
+                and np.array_equal(e, a, equal_nan=e.dtype.kind in "fc"))
+        if not same:
+            raise RepeatedRunMismatch(f"{what} at output {i}: {_first_difference(e, a)}")
+
+
+def _first_difference(expected: np.ndarray, actual: np.ndarray) -> str:
+    if expected.shape != actual.shape or expected.dtype != actual.dtype:
+        return f"{actual.dtype}{actual.shape} vs {expected.dtype}{expected.shape}"
+    differ = ~((expected == actual) | (np.isnan(expected) & np.isnan(actual))
+               if expected.dtype.kind in "fc" else expected == actual)
+    where = tuple(int(i) for i in np.argwhere(differ)[0])
+    return f"{int(differ.sum())} elements differ, first at {list(where)}: {actual[where]!r} vs {expected[where]!r}"
 
 
 def run_onnxruntime(model_bytes: bytes, feeds) -> list | None:

@@ -131,3 +131,42 @@ def test_a_worker_that_dies_keeps_the_graph_it_was_running(tmp_path, monkeypatch
         case, _ = fuzz.load_case(r.saved)
         assert any(n.op_type == "Conv" for n in case.model.graph.node)
     assert not (tmp_path / ".running").exists()
+
+
+def _relu_case() -> fuzz.FuzzCase:
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"])], "relu",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)])
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    return fuzz.FuzzCase(model, {"x": x}, {"x": "contiguous"})
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("second run differs", "differs from run 1 at output 0: 6 elements differ"),
+    ("second run writes into the first's output", "run 1's outputs were changed by a later run"),
+])
+def test_each_session_runs_again_and_must_agree_with_its_first_run(monkeypatch, fault, message):
+    """The plan runs a signature's steps in C from its second run on: a fault there, or an
+    output array a later run reuses, shows only on a repeat."""
+    import optimized
+
+    assert fuzz.check_case(_relu_case(), onnxruntime=False) == []
+    real = optimized.InferenceSession.run
+    returned = []
+
+    def faulty(self, names, feeds, *args, **kwargs):
+        outputs = real(self, names, feeds, *args, **kwargs)
+        if len(returned) % fuzz.REPEATS == 1:
+            if fault == "second run differs":
+                outputs = [o + np.float32(1) for o in outputs]
+            else:
+                returned[-1][0][...] = 7
+        returned.append(outputs)
+        return outputs
+
+    monkeypatch.setattr(optimized.InferenceSession, "run", faulty)
+    problems = fuzz.check_case(_relu_case(), onnxruntime=False)
+    assert len(problems) == len(fuzz.LEVELS)
+    assert all(message in p for p in problems), problems
