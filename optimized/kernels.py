@@ -1318,7 +1318,7 @@ class StepTable:
     array, which keeps the array alive until the slot is bound again, so keep the StepTable
     for as long as C may run its steps."""
 
-    __slots__ = ("steps", "count", "addresses", "_owners", "_arrays")
+    __slots__ = ("_arrays", "_owners", "addresses", "count", "steps")
 
     def __init__(self, steps: list[dict], slots: int):
         self.count = len(steps)
