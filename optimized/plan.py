@@ -1,5 +1,10 @@
 """The static execution plan: every node bound to its kernel once, values held in numbered
-slots, and each slot released after its last use, so a run is a loop of function calls."""
+slots, and each slot released after its last use, so a run is a loop of function calls.
+
+With c_steps (the CPU provider's cpu.C_STEPS), the second run of an input signature (feed
+names, shapes, dtypes) is recorded and compiled (CompiledRun): from then on consecutive fast
+steps run in one C call over a step table (csrc/plan.c) with their buffers in one arena, and
+control comes back to Python only for the steps that have no description there."""
 from __future__ import annotations
 
 import inspect
