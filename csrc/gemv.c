@@ -120,8 +120,8 @@ static void dots_avx2(const float *w, int64_t k, int rows, const float *a, int64
 }
 #endif
 
-/* Columns of one pass: at most this many accumulators per row of a, 8 KiB for 4 rows, in L1
- * beside the rows of b being read. */
+/* Accumulators of one pass: GEMV_F32_MAX_ROWS * GEMV_COLUMN_BLOCK floats (16 KiB, in L1
+ * beside the rows of b being read), as many columns as that leaves for m rows of a. */
 enum { GEMV_COLUMN_BLOCK = 1024 };
 
 /* acc[i * cols + j] += a[i][t] * b[t][j] for t < k, one t after another (b rows n apart). */
@@ -228,8 +228,10 @@ static void dot_range(const gemv_args *g, int64_t start, int64_t len)
 static void axpy_range(const gemv_args *g, int64_t start, int64_t len)
 {
     float acc[GEMV_F32_MAX_ROWS * GEMV_COLUMN_BLOCK];
-    /* blocks of equal width (a multiple of 8), so that no short block reads a row's end alone */
-    int64_t blocks = (len + GEMV_COLUMN_BLOCK - 1) / GEMV_COLUMN_BLOCK;
+    /* as wide as the accumulators allow for m rows (longer runs of each row of b read at
+     * once), in blocks of equal width (a multiple of 8): no short block reads a row's end alone */
+    int64_t widest = GEMV_F32_MAX_ROWS * GEMV_COLUMN_BLOCK / g->m;
+    int64_t blocks = (len + widest - 1) / widest;
     int64_t width = ((len + blocks - 1) / blocks + 7) / 8 * 8;
     for (int64_t j = start; j < start + len; j += width) {
         int cols = (int)(start + len - j < width ? start + len - j : width);
