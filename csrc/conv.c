@@ -240,6 +240,15 @@ static int conv_im2col(const float *x, const struct conv_geometry *g, int64_t ba
     int64_t out_per_group = out_c / group, depth = g->channels * g->k_h * g->k_w;
     size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
     int64_t columns = block_columns(depth, plane);
+    /* one image whose plane fits one block (a strided 1x1 convolution of resnet50) would run
+     * on one thread: split its plane so that every thread gets a block */
+    int64_t pool = kernels_get_num_threads();
+    if ((int64_t)batch * group * (((int64_t)plane + columns - 1) / columns) < pool) {
+        int64_t share = ((int64_t)plane + pool - 1) / pool;
+        share = (share + 15) / 16 * 16;
+        if (share < columns)
+            columns = share;
+    }
     int64_t blocks = ((int64_t)plane + columns - 1) / columns;
     int64_t tasks = (int64_t)batch * group * blocks;
     size_t work = (size_t)tasks * columns * depth * (size_t)out_per_group / 64;
