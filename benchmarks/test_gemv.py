@@ -9,15 +9,18 @@ weight bytes / median time.  Run:
     pytest benchmarks/test_gemv.py --benchmark-only --benchmark-group-by=group \\
         --benchmark-columns=median,rounds
 
-GEMV_CROSSOVER_MEASURED (optimized/cpu.py GEMV_ROWS_UP_TO): medians in GB/s of weight streamed,
-K x N = 768 x 3072, this 2-core machine shared with other work, 1 thread:
-    M=1 blas 42.4, gemv 33.4, gemv_nk 37.0
-    M=2 blas  9.8, gemv 27.0, gemv_nk 28.3
-    M=4 blas  9.9, gemv 12.6, gemv_nk 10.4
-and 768 x 768: M=1 blas 33.6, gemv 46.1; M=2 blas 8.9, gemv 24.0; M=4 blas 11.3, gemv 12.9.
-At M=1 and 1 thread the BLAS's sgemv and ours are close (either ahead by shape and by run);
-from M=2 the BLAS runs its GEMM kernel at a third of the speed, and at 2 threads gemm.c keeps
-products under 2^22 flops on one thread, where GEMV splits them.
+GEMV_CROSSOVER_MEASURED (optimized/cpu.py GEMV_ROWS_UP_TO), this file at ada89cb on this
+2-core AMD EPYC while other work kept its load average at 8: GB/s of weight streamed, median
+(best round), 1 thread:
+    768 x 768    M=1 blas 35.2 (37.1)  gemv 40.7 (42.7) | M=4 blas 12.5 (14.2)  gemv 15.5 (16.4)
+    768 x 3072   M=1 blas 45.3 (48.2)  gemv 45.1 (49.6) | M=4 blas 14.1 (15.5)  gemv 16.4 (17.1)
+    3072 x 768   M=1 blas 36.8 (40.0)  gemv 35.2 (48.2) | M=4 blas 11.1 (14.0)  gemv 13.6 (19.4)
+    768 x 50257  M=1 blas 10.2 (21.2)  gemv  9.7 (14.0) | M=4 blas  8.1 (11.1)  gemv  7.4 (9.5)
+    512 x 32000  M=1 blas 10.3 (31.2)  gemv 10.6 (30.5) | M=4 blas  4.6 (10.4)  gemv  5.9 (11.4)
+At M=1 the BLAS's sgemv and ours are even on one thread; at M=4 (the BLAS's GEMM kernel) ours
+is ahead on all but the lm head, so GEMV takes every M it can.  At 2 threads gemm.c keeps
+products under 2^22 flops (every GPT-2 weight at M=1) on one thread, where GEMV splits N; with
+the machine this loaded, the second thread often had no core and those rounds are no guide.
 """
 from __future__ import annotations
 

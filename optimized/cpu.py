@@ -76,7 +76,8 @@ def ms_gelu(x):
 # Rows of A (M) up to which MatMul and Gemm with a 2-D B run csrc/gemv.c, which streams B where
 # it lies split by output column across the threads, rather than the BLAS (one thread below
 # 2^22 flops, and a GEMM kernel made for large M).  Measured with benchmarks/test_gemv.py, see
-# GEMV_CROSSOVER_MEASURED there: GEMV is ahead at every M up to 4, the most it takes.
+# GEMV_CROSSOVER_MEASURED there: on one thread even with the BLAS's sgemv at M=1 and ahead of its
+# GEMM at M=4 (the most GEMV takes).
 GEMV_ROWS_UP_TO = 4
 
 
