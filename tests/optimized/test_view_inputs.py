@@ -19,6 +19,8 @@ from onnx import TensorProto, helper
 
 from optimized import InferenceSession, SessionOptions, chains, kernels
 from optimized.cpu import KERNELS
+from optimized.passes.gqa_fusion import grouped_attention_function
+from optimized.passes.rotary_fusion import rotary_function
 from optimized.plan import Plan
 from reference import ReferenceEvaluator
 from tests.models.exporter_style import (
@@ -123,8 +125,31 @@ CASES = {
                           rand(2, NBITS_N * 3), codes(3, NBITS_N * 2), None, rand(4, NBITS_N)],
                          {"K": NBITS_K, "N": NBITS_N, "bits": 4, "block_size": NBITS_BLOCK}),
 }
+# decoder attention: heads (B, N, S, H) = (2, 4, 5, 8), a K/V cache of 7 over 2 KV heads
+FUSED = "onnx_parity.fused"
+COS_SIN = [rand(5, 1, 1, 5, 8), rand(6, 1, 1, 5, 8)]
+HEAD_TABLE = np.array([0, 0, 1, 1], np.int64)
+CASES.update({
+    (FUSED, "Rotary"): ([rand(0, 2, 4, 5, 8)] + COS_SIN, {}),
+    (FUSED, "RotaryInterleaved"): ([rand(0, 2, 4, 5, 8)] + COS_SIN, {}),
+    (FUSED, "GroupedAttention"): ([rand(0, 2, 4, 5, 8), rand(1, 2, 2, 7, 8), rand(2, 2, 2, 7, 8),
+                                   HEAD_TABLE], {"scale": 0.35}),
+    (FUSED, "GroupedAttentionMasked"): ([rand(0, 2, 4, 5, 8), rand(1, 2, 2, 7, 8),
+                                         rand(2, 2, 2, 7, 8), HEAD_TABLE, rand(3, 2, 1, 5, 7)],
+                                        {"scale": 0.35}),
+    # (B, S, N*H) with caches (positions, H/2) read at position_ids (B, S)
+    (MS, "RotaryEmbedding"): ([rand(0, 2, 5, 32), np.array([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]]),
+                               rand(1, 9, 4), rand(2, 9, 4)], {"num_heads": 4}),
+    # a decode step of 2 tokens after 5 cached ones: seqlens_k = total - 1
+    (MS, "GroupQueryAttention"): ([rand(0, 2, 2, 32), rand(1, 2, 2, 16), rand(2, 2, 2, 16),
+                                   rand(3, 2, 2, 5, 8), rand(4, 2, 2, 5, 8),
+                                   np.array([6, 6], np.int32), np.array(7, np.int32)],
+                                  {"num_heads": 4, "kv_num_heads": 2}),
+})
 # products accumulate in another order than the reference's
-TOLERANCE = {"Gemm": 1e-5, "MatMul": 1e-5, "Conv": 1e-5, "MatMulNBits": 1e-5}
+TOLERANCE = {"Gemm": 1e-5, "MatMul": 1e-5, "Conv": 1e-5, "MatMulNBits": 1e-5,
+             "GroupedAttention": 1e-5, "GroupedAttentionMasked": 1e-5,
+             "GroupQueryAttention": 1e-5}
 
 
 # fused ops of optimized/passes, model-local functions: the reference runs their bodies
@@ -132,6 +157,16 @@ BODIES = {
     ("onnx_parity.fused", "SiluMul"): lambda gate, up: [
         helper.make_node("Sigmoid", [gate], ["s"]), helper.make_node("Mul", [gate, "s"], ["a"]),
         helper.make_node("Mul", ["a", up], ["y"])],
+}
+
+
+# fused ops whose passes write their model-local function: the reference runs that body
+FUNCTIONS = {
+    (FUSED, "Rotary"): lambda: rotary_function("Rotary", 23),
+    (FUSED, "RotaryInterleaved"): lambda: rotary_function("RotaryInterleaved", 23),
+    (FUSED, "GroupedAttention"): lambda: grouped_attention_function("GroupedAttention", 23),
+    (FUSED, "GroupedAttentionMasked"): lambda: grouped_attention_function(
+        "GroupedAttentionMasked", 23),
 }
 
 
@@ -146,7 +181,10 @@ def reference(key, inputs, attrs):
          for n, v in zip(names, inputs) if v is not None],
         [helper.make_empty_tensor_value_info("y")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23),
-                                                    helper.make_opsetid(MS, 1)])
+                                                    helper.make_opsetid(MS, 1),
+                                                    helper.make_opsetid(FUSED, 1)])
+    if key in FUNCTIONS:
+        model.functions.append(FUNCTIONS[key]())
     feeds = {n: np.ascontiguousarray(v) for n, v in zip(names, inputs) if v is not None}
     return ReferenceEvaluator(model, check=False).run(None, feeds)[0]
 
@@ -154,7 +192,7 @@ def reference(key, inputs, attrs):
 def fast(key, inputs, attrs):
     result = KERNELS[key](*inputs, **attrs)
     assert result is not NotImplemented, f"{key} fell back to the reference op on views"
-    return result
+    return result[0] if isinstance(result, (tuple, list)) else result  # the first output
 
 
 def test_every_fast_kernel_has_a_view_case():
@@ -166,7 +204,8 @@ def test_every_fast_kernel_has_a_view_case():
                          ids=lambda k: f"{k[0] or 'ai.onnx'}.{k[1]}")
 def test_fast_kernel_on_views(key, kind):
     inputs, attrs = CASES[key]
-    views = [None if v is None else as_view(v, kind) for v in inputs]
+    # a one-element array (a scalar such as total_sequence_length) has no non-contiguous view
+    views = [v if v is None or v.size == 1 else as_view(v, kind) for v in inputs]
     copies = [None if v is None else np.ascontiguousarray(v) for v in views]
     got = fast(key, views, attrs)
     np.testing.assert_array_equal(got, fast(key, copies, attrs))
