@@ -4,6 +4,9 @@ onnxruntime takes a Python list where a tensor is expected (as an array of the i
 type), takes str/bytes/np.void arrays and lists of str for a string input, and unwraps OrtValues.
 Its outputs are new arrays: a graph output that passes an input through (or a view of it, or an
 initializer) is a copy here too, so writing into a feed never changes an output.
+
+`CheckedFeeds` lets a session skip conversion and the type check for a numpy array whose dtype
+and shape already passed them for that input: both depend on nothing else.
 """
 from __future__ import annotations
 
@@ -64,16 +67,58 @@ def unshared_outputs(outputs: list, feeds: dict) -> list:
     very object, copied."""
     fed = [v for v in feeds.values() if isinstance(v, np.ndarray)]
     seen: set[int] = set()
+    return [_owned(v, fed, seen) for v in outputs]
 
-    def own(value):
-        if isinstance(value, list):
-            return [own(v) for v in value]
-        if not isinstance(value, np.ndarray):
-            return value
-        if (id(value) in seen or not value.flags.writeable
-                or any(np.may_share_memory(value, f) for f in fed)):
-            value = value.copy()
-        seen.add(id(value))
+
+def _owned(value, fed: list, seen: set):
+    if isinstance(value, list):
+        return [_owned(v, fed, seen) for v in value]
+    if not isinstance(value, np.ndarray):
         return value
+    if id(value) in seen or not value.flags.writeable or _shares_a_feed(value, fed):
+        value = value.copy()
+    seen.add(id(value))
+    return value
 
-    return [own(v) for v in outputs]
+
+def _shares_a_feed(value: np.ndarray, fed: list) -> bool:
+    for f in fed:
+        if np.may_share_memory(value, f):
+            return True
+    return False
+
+
+class CheckedFeeds:
+    """Per tensor input, the (dtype, shape) pairs a numpy array has passed conversion and the
+    full type check with. `passed(feeds)` is True only when the feeds are exactly the required
+    inputs, each a plain numpy array of such a pair; anything else takes the full path, with
+    its errors. A session whose required inputs are not all tensors has no table (always the
+    full path). At most LIMIT pairs are kept per input (a dynamic dimension may take many)."""
+
+    LIMIT = 64
+
+    def __init__(self, input_infos: list):
+        tensors = all(i.type.WhichOneof("value") == "tensor_type" for i in input_infos)
+        self.pairs = {i.name: set() for i in input_infos} if tensors else None
+
+    def passed(self, feeds) -> bool:
+        pairs = self.pairs
+        if pairs is None or type(feeds) is not dict or len(feeds) != len(pairs):
+            return False
+        for name, value in feeds.items():
+            known = pairs.get(name)
+            if known is None or type(value) is not np.ndarray or (value.dtype, value.shape) not in known:
+                return False
+        return True
+
+    def remember(self, name: str, given, checked) -> None:
+        """`checked` passed the full check for input `name`; kept when it is `given` itself, a
+        plain numpy array (conversion changed nothing)."""
+        if self.pairs is None or checked is not given or type(given) is not np.ndarray:
+            return
+        known = self.pairs.get(name)
+        if known is None:
+            return
+        if len(known) >= self.LIMIT:
+            known.clear()
+        known.add((given.dtype, given.shape))

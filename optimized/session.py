@@ -108,6 +108,9 @@ class InferenceSession:
         self._evaluator = ReferenceEvaluator(self._model, check=False)
         self._inputs = [NodeArg(v) for v in self._evaluator.input_infos]
         self._outputs = [NodeArg(v) for v in with_inferred_outputs(self._model).graph.output]
+        self._output_names = [o.name for o in self._outputs]
+        self._output_position = {name: i for i, name in reversed(list(enumerate(self._output_names)))}
+        self._checked_feeds = feed_conversion.CheckedFeeds(self._evaluator.input_infos)
         self._create_plan(providers, provider_options)
 
     def _create_plan(self, providers, provider_options) -> None:
@@ -138,17 +141,24 @@ class InferenceSession:
     def run(self, output_names, input_feed, run_options=None):
         """Outputs as NumPy arrays, lists (sequences), dicts (maps) or None (empty optional),
         in the order of `output_names` (every output when it is None or empty)."""
-        wanted = self._output_indices(output_names)
-        feeds = self._prepare_feeds(input_feed, run_options)
-        self._set_num_threads(self._options.intra_op_num_threads)  # sessions may differ
-        checker = self._check_node if self._options.check_nodes else None
+        wanted = self._output_indices(output_names) if output_names else None
+        if run_options is None and self._checked_feeds.passed(input_feed):
+            feeds = dict(input_feed)
+        else:
+            feeds = self._prepare_feeds(input_feed, run_options)
+        options = self._options
+        self._set_num_threads(options.intra_op_num_threads)  # sessions may differ
+        checker = self._check_node if options.check_nodes else None
         profiler = self._profiler
         if run_options is not None and "CUDAExecutionProvider" not in self._providers:
             profiler = TerminateWatch(run_options, profiler)
-        with as_run_errors():
+        try:
             outputs = self._plan.run(feeds, profiler=profiler, checker=checker)
+        except Exception:
+            with as_run_errors():  # here, not around the call: entering it costs on every run
+                raise
         outputs = feed_conversion.unshared_outputs(outputs, feeds)
-        return [outputs[i] for i in wanted]
+        return outputs if wanted is None else [outputs[i] for i in wanted]
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
         """run() with OrtValues in and out."""
@@ -302,13 +312,14 @@ class InferenceSession:
 
     # checks ---------------------------------------------------------------------------
     def _output_indices(self, output_names) -> list[int]:
-        names = [o.name for o in self._outputs]
         if not output_names:
-            return list(range(len(names)))
+            return list(range(len(self._output_names)))
+        position = self._output_position
         for name in output_names:
-            if name not in names:
-                raise InvalidArgument(f"unknown output {name!r}; the model's outputs are {names}")
-        return [names.index(n) for n in output_names]
+            if name not in position:
+                raise InvalidArgument(f"unknown output {name!r}; the model's outputs are "
+                                      f"{self._output_names}")
+        return [position[n] for n in output_names]
 
     def _check_names(self, feeds) -> None:
         if not isinstance(feeds, dict):
@@ -336,8 +347,8 @@ class InferenceSession:
         self._check_names(feeds)
         known = {i.name: i for i in self._evaluator.input_infos + self._evaluator.overridable}
         converted = {}
-        for name, value in feeds.items():
-            value = feed_conversion.convert(known[name].type, value)
+        for name, given in feeds.items():
+            value = feed_conversion.convert(known[name].type, given)
             if hasattr(value, "__cuda_array_interface__"):
                 checked = self._device_feed_stand_in(name, value)
             elif not isinstance(value, (np.ndarray, list, dict)) and value not in (None, EMPTY):
@@ -346,6 +357,7 @@ class InferenceSession:
                 checked = value
             with as_run_errors():
                 check_feed(known[name], checked)
+            self._checked_feeds.remember(name, given, value)
             converted[name] = value
         return converted
 
