@@ -9,6 +9,8 @@ from onnx import AttributeProto, helper, numpy_helper
 from reference.weights import tensor_array
 
 MS_DOMAIN = "com.microsoft"
+# the ops our fusions write as model-local functions, whose bodies the reference runs
+FUSED_DOMAIN = "onnx_parity.fused"
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
 
@@ -28,6 +30,16 @@ def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
 def ensure_opset(model: onnx.ModelProto, domain: str, version: int = 1) -> None:
     if not opset_version(model, domain):
         model.opset_import.append(helper.make_opsetid(domain, version))
+
+
+def add_fused_functions(model: onnx.ModelProto, op_types, build) -> None:
+    """Declare FUSED_DOMAIN and append `build(op_type)` for each fused op type the model does
+    not define yet."""
+    ensure_opset(model, FUSED_DOMAIN, 1)
+    have = {(f.domain, f.name) for f in model.functions}
+    for op_type in sorted(op_types):
+        if (FUSED_DOMAIN, op_type) not in have:
+            model.functions.append(build(op_type))
 
 
 def set_nodes(graph: onnx.GraphProto, nodes: list) -> None:

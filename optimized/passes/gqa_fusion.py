@@ -33,13 +33,14 @@ import onnx
 from onnx import AttributeProto, helper
 
 from ._graph import (
+    FUSED_DOMAIN,
     Constants,
     Shapes,
+    add_fused_functions,
     add_initializer,
     attr,
     consumers,
     copy_model,
-    ensure_opset,
     graph_output_names,
     opset_version,
     private_values,
@@ -49,7 +50,6 @@ from ._graph import (
     splice,
     unique_name,
 )
-from .silu_mlp_fusion import FUSED_DOMAIN
 
 GROUPED_ATTENTION = "GroupedAttention"
 GROUPED_ATTENTION_MASKED = "GroupedAttentionMasked"
@@ -97,11 +97,7 @@ def fuse_grouped_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     if not used:
         return model
     set_nodes(graph, nodes)
-    ensure_opset(model, FUSED_DOMAIN, 1)
-    have = {(f.domain, f.name) for f in model.functions}
-    for op_type in sorted(used):
-        if (FUSED_DOMAIN, op_type) not in have:
-            model.functions.append(grouped_attention_function(op_type, opset))
+    add_fused_functions(model, used, lambda op_type: grouped_attention_function(op_type, opset))
     return model
 
 

@@ -24,12 +24,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ._graph import (
+    FUSED_DOMAIN,
     Constants,
     Shapes,
+    add_fused_functions,
     attr,
     consumers,
     copy_model,
-    ensure_opset,
     graph_output_names,
     opset_version,
     private_values,
@@ -37,7 +38,6 @@ from ._graph import (
     set_nodes,
     splice,
 )
-from .silu_mlp_fusion import FUSED_DOMAIN
 
 ROTARY = "Rotary"
 ROTARY_INTERLEAVED = "RotaryInterleaved"
@@ -71,11 +71,7 @@ def fuse_rotary(model: onnx.ModelProto) -> onnx.ModelProto:
     if not used:
         return model
     set_nodes(graph, nodes)
-    ensure_opset(model, FUSED_DOMAIN, 1)
-    have = {(f.domain, f.name) for f in model.functions}
-    for op_type in sorted(used):
-        if (FUSED_DOMAIN, op_type) not in have:
-            model.functions.append(rotary_function(op_type, opset))
+    add_fused_functions(model, used, lambda op_type: rotary_function(op_type, opset))
     return model
 
 

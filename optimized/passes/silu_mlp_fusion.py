@@ -16,10 +16,11 @@ import onnx
 from onnx import helper
 
 from ._graph import (
+    FUSED_DOMAIN,
     Shapes,
+    add_fused_functions,
     consumers,
     copy_model,
-    ensure_opset,
     graph_output_names,
     opset_version,
     private_values,
@@ -27,7 +28,6 @@ from ._graph import (
     splice,
 )
 
-FUSED_DOMAIN = "onnx_parity.fused"
 SILU_MUL = "SiluMul"
 FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
           onnx.TensorProto.DOUBLE)
@@ -56,9 +56,7 @@ def fuse_silu_mlp(model: onnx.ModelProto) -> onnx.ModelProto:
     if not fused:
         return model
     set_nodes(graph, nodes)
-    ensure_opset(model, FUSED_DOMAIN, 1)
-    if not any(f.domain == FUSED_DOMAIN and f.name == SILU_MUL for f in model.functions):
-        model.functions.append(silu_mul_function(opset))
+    add_fused_functions(model, [SILU_MUL], lambda _: silu_mul_function(opset))
     return model
 
 
