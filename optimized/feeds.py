@@ -89,36 +89,38 @@ def _shares_a_feed(value: np.ndarray, fed: list) -> bool:
 
 
 class CheckedFeeds:
-    """Per tensor input, the (dtype, shape) pairs a numpy array has passed conversion and the
-    full type check with. `passed(feeds)` is True only when the feeds are exactly the required
-    inputs, each a plain numpy array of such a pair; anything else takes the full path, with
-    its errors. A session whose required inputs are not all tensors has no table (always the
-    full path). At most LIMIT pairs are kept per input (a dynamic dimension may take many)."""
+    """Per tensor input, the shapes a plain numpy array has passed conversion and the full
+    type check with, each with that array's dtype object. `passed(feeds)` is True only when the
+    feeds are exactly the required inputs, each a plain numpy array of a known shape whose dtype
+    is that very object (`is` costs less than hashing a dtype; an equal dtype that is another
+    object only takes the full path); anything else takes the full path, with its errors. A
+    session whose required inputs are not all tensors has no table (always the full path). At
+    most LIMIT shapes are kept per input (a dynamic dimension may take many)."""
 
     LIMIT = 64
 
     def __init__(self, input_infos: list):
         tensors = all(i.type.WhichOneof("value") == "tensor_type" for i in input_infos)
-        self.pairs = {i.name: set() for i in input_infos} if tensors else None
+        self.shapes: dict[str, dict] | None = {i.name: {} for i in input_infos} if tensors else None
 
     def passed(self, feeds) -> bool:
-        pairs = self.pairs
-        if pairs is None or type(feeds) is not dict or len(feeds) != len(pairs):
+        shapes = self.shapes
+        if shapes is None or type(feeds) is not dict or len(feeds) != len(shapes):
             return False
         for name, value in feeds.items():
-            known = pairs.get(name)
-            if known is None or type(value) is not np.ndarray or (value.dtype, value.shape) not in known:
+            known = shapes.get(name)
+            if known is None or type(value) is not np.ndarray or known.get(value.shape) is not value.dtype:
                 return False
         return True
 
     def remember(self, name: str, given, checked) -> None:
         """`checked` passed the full check for input `name`; kept when it is `given` itself, a
         plain numpy array (conversion changed nothing)."""
-        if self.pairs is None or checked is not given or type(given) is not np.ndarray:
+        if self.shapes is None or checked is not given or type(given) is not np.ndarray:
             return
-        known = self.pairs.get(name)
+        known = self.shapes.get(name)
         if known is None:
             return
         if len(known) >= self.LIMIT:
             known.clear()
-        known.add((given.dtype, given.shape))
+        known[given.shape] = given.dtype

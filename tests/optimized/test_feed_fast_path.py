@@ -83,6 +83,10 @@ def test_views_and_lists_after_many_contiguous_runs():
     np.testing.assert_allclose(y, x * x + b)
     (y,) = session.run(None, {"x": x.tolist(), "b": b.tolist()})
     np.testing.assert_allclose(y, x * x + b)
+    other = np.dtype(np.float32, metadata={"note": "an equal dtype, another object"})
+    assert other == np.float32 and other is not np.dtype(np.float32)
+    (y,) = session.run(None, {"x": x.astype(other), "b": b})
+    np.testing.assert_allclose(y, x * x + b)
 
 
 def test_outputs_never_alias_a_feed_or_an_earlier_output():
@@ -139,9 +143,9 @@ def test_table_keeps_only_checked_plain_arrays_and_stays_bounded():
     for n in range(10 * CheckedFeeds.LIMIT):
         z = np.zeros(n, dtype=np.float32)
         table.remember("x", z, z)
-    assert len(table.pairs["x"]) <= CheckedFeeds.LIMIT
+    assert len(table.shapes["x"]) <= CheckedFeeds.LIMIT
 
 
 def test_no_table_when_an_input_is_not_a_tensor():
     seq = helper.make_tensor_sequence_value_info("s", F, None)
-    assert CheckedFeeds([seq]).pairs is None
+    assert CheckedFeeds([seq]).shapes is None
