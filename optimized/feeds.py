@@ -71,13 +71,13 @@ def unshared_outputs(outputs: list, feeds: dict) -> list:
 
 
 def _owned(value, fed: list, seen: set):
+    if isinstance(value, np.ndarray):
+        if id(value) in seen or not value.flags.writeable or _shares_a_feed(value, fed):
+            value = value.copy()
+        seen.add(id(value))
+        return value
     if isinstance(value, list):
         return [_owned(v, fed, seen) for v in value]
-    if not isinstance(value, np.ndarray):
-        return value
-    if id(value) in seen or not value.flags.writeable or _shares_a_feed(value, fed):
-        value = value.copy()
-    seen.add(id(value))
     return value
 
 
