@@ -361,18 +361,23 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: fl
         raise ValueError(f"Gemm inner dimensions differ: A' is {[m, k]}, B' is {[kb, n]}")
     for name, v in (("M", m), ("N", n), ("K", k)):
         _c_int(name, v)
-    c_strides = (0, 0)
-    if c is not None:
-        c = _f32("C", c)
-        if not _broadcasts_to(c.shape, (m, n)):
-            raise ValueError(f"Gemm C of shape {list(c.shape)} does not broadcast to {[m, n]}")
-        c_strides = tuple(s // 4 for s in np.broadcast_to(c, (m, n)).strides)
+    c, c_strides = _addend("Gemm", c, m, n)
     inputs = (a, b) if c is None else (a, b, c)
     out = _output(out, (m, n), *inputs)
     lib.gemm_f32(int(bool(trans_a)), int(bool(trans_b)), m, n, k, float(alpha), _ptr(a), _ptr(b),
                  float(beta), ffi.NULL if c is None else _ptr(c), c_strides[0], c_strides[1],
                  _ptr(out), code, act_alpha, act_beta)
     return out
+
+
+def _addend(kernel: str, c, m: int, n: int):
+    """C as float32 and its element strides once broadcast to (m, n); (None, (0, 0)) without C."""
+    if c is None:
+        return None, (0, 0)
+    c = _f32("C", c)
+    if not _broadcasts_to(c.shape, (m, n)):
+        raise ValueError(f"{kernel} C of shape {list(c.shape)} does not broadcast to {[m, n]}")
+    return c, tuple(s // 4 for s in np.broadcast_to(c, (m, n)).strides)
 
 
 def matmul(a: np.ndarray, b: np.ndarray, *, alpha: float = 1.0, trans_a: bool = False,
@@ -428,12 +433,7 @@ def gemv(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: fl
         raise ValueError(f"GEMV inner dimensions differ: A is {[m, k]}, op(B) is {[kb, n]}")
     if not 1 <= m <= GEMV_MAX_ROWS:
         raise ValueError(f"GEMV takes 1 to {GEMV_MAX_ROWS} rows of A, got {m}")
-    c_strides = (0, 0)
-    if c is not None:
-        c = _f32("C", c)
-        if not _broadcasts_to(c.shape, (m, n)):
-            raise ValueError(f"GEMV C of shape {list(c.shape)} does not broadcast to {[m, n]}")
-        c_strides = tuple(s // 4 for s in np.broadcast_to(c, (m, n)).strides)
+    c, c_strides = _addend("GEMV", c, m, n)
     inputs = (a, b) if c is None else (a, b, c)
     out = _output(out, (m, n), *inputs)
     lib.gemv_f32(int(bool(trans_b)), m, n, k, float(alpha), _ptr(a), k, _ptr(b), float(beta),
@@ -1086,7 +1086,6 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_head_of=No
     if status != 0:
         raise MemoryError("grouped_attention could not allocate its score buffer")
     return y
-
 
 
 # --- the plan's step table (csrc/plan.c) ---------------------------------------------------
