@@ -5,8 +5,8 @@ type), takes str/bytes/np.void arrays and lists of str for a string input, and u
 Its outputs are new arrays: a graph output that passes an input through (or a view of it, or an
 initializer) is a copy here too, so writing into a feed never changes an output.
 
-`CheckedFeeds` lets a session skip conversion and the type check for a numpy array whose dtype
-and shape already passed them for that input: both depend on nothing else.
+`CheckedFeeds` lets a session skip conversion and the full type check for feeds that are plain
+numpy arrays of each input's dtype, rank and static dimensions.
 """
 from __future__ import annotations
 
@@ -89,38 +89,55 @@ def _shares_a_feed(value: np.ndarray, fed: list) -> bool:
 
 
 class CheckedFeeds:
-    """Per tensor input, the shapes a plain numpy array has passed conversion and the full
-    type check with, each with that array's dtype object. `passed(feeds)` is True only when the
-    feeds are exactly the required inputs, each a plain numpy array of a known shape whose dtype
-    is that very object (`is` costs less than hashing a dtype; an equal dtype that is another
-    object only takes the full path); anything else takes the full path, with its errors. A
-    session whose required inputs are not all tensors has no table (always the full path). At
-    most LIMIT shapes are kept per input (a dynamic dimension may take many)."""
-
-    LIMIT = 64
+    """Each required input's expected dtype object, rank and static dimensions, worked out once
+    from its type, so that feeds needing neither conversion nor more than that check pass
+    quickly. `passed(feeds)` is True only when the feeds are exactly the required inputs, each a
+    plain numpy array whose dtype is the expected object itself (`is` costs less than comparing
+    dtypes; an equal dtype that is another object takes the full path) and whose shape has the
+    rank and static dimensions of the input's type: what the full check would accept, with
+    nothing to convert. Anything else takes the full path, with its errors. A session with an
+    input that is not a tensor of a known element type has no table (always the full path)."""
 
     def __init__(self, input_infos: list):
-        tensors = all(i.type.WhichOneof("value") == "tensor_type" for i in input_infos)
-        self.shapes: dict[str, dict] | None = {i.name: {} for i in input_infos} if tensors else None
+        expected = [_expected_tensor(i.type) for i in input_infos]
+        if any(e is None for e in expected):
+            self.expected = None
+        else:
+            self.expected = {i.name: e for i, e in zip(input_infos, expected)}
 
     def passed(self, feeds) -> bool:
-        shapes = self.shapes
-        if shapes is None or type(feeds) is not dict or len(feeds) != len(shapes):
+        expected = self.expected
+        if expected is None or type(feeds) is not dict or len(feeds) != len(expected):
             return False
         for name, value in feeds.items():
-            known = shapes.get(name)
-            if known is None or type(value) is not np.ndarray or known.get(value.shape) is not value.dtype:
+            wanted = expected.get(name)
+            if wanted is None or type(value) is not np.ndarray:
                 return False
+            dtype, rank, static = wanted
+            if value.dtype is not dtype:
+                return False
+            if rank is not None:
+                shape = value.shape
+                if len(shape) != rank:
+                    return False
+                for axis, size in static:
+                    if shape[axis] != size:
+                        return False
         return True
 
-    def remember(self, name: str, given, checked) -> None:
-        """`checked` passed the full check for input `name`; kept when it is `given` itself, a
-        plain numpy array (conversion changed nothing)."""
-        if self.shapes is None or checked is not given or type(given) is not np.ndarray:
-            return
-        known = self.shapes.get(name)
-        if known is None:
-            return
-        if len(known) >= self.LIMIT:
-            known.clear()
-        known[given.shape] = given.dtype
+
+def _expected_tensor(type_proto):
+    """(dtype, rank, ((axis, size), ...)) of a tensor type, rank None where it has no shape;
+    None for a type that is not a tensor of a known element type."""
+    if type_proto.WhichOneof("value") != "tensor_type" or not type_proto.tensor_type.elem_type:
+        return None
+    tensor = type_proto.tensor_type
+    try:
+        dtype = np_dtype(tensor.elem_type)
+    except ValueError:
+        return None
+    if not tensor.HasField("shape"):
+        return dtype, None, ()
+    dims = tensor.shape.dim
+    static = tuple((axis, d.dim_value) for axis, d in enumerate(dims) if d.HasField("dim_value"))
+    return dtype, len(dims), static

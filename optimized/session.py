@@ -347,8 +347,8 @@ class InferenceSession:
         self._check_names(feeds)
         known = {i.name: i for i in self._evaluator.input_infos + self._evaluator.overridable}
         converted = {}
-        for name, given in feeds.items():
-            value = feed_conversion.convert(known[name].type, given)
+        for name, value in feeds.items():
+            value = feed_conversion.convert(known[name].type, value)
             if hasattr(value, "__cuda_array_interface__"):
                 checked = self._device_feed_stand_in(name, value)
             elif not isinstance(value, (np.ndarray, list, dict)) and value not in (None, EMPTY):
@@ -357,7 +357,6 @@ class InferenceSession:
                 checked = value
             with as_run_errors():
                 check_feed(known[name], checked)
-            self._checked_feeds.remember(name, given, value)
             converted[name] = value
         return converted
 

@@ -1,14 +1,17 @@
-"""session.run's fast path for feeds (a numpy array of a dtype and shape that already passed the
-full check for that input) accepts and rejects exactly what the full check does: after many
-good runs a wrong name, dtype, rank or static dimension gives a fresh session's error, a new
-size of a dynamic dimension is accepted, views and lists still work, and outputs never alias a
-feed or an earlier run's output."""
+"""session.run's fast path for feeds (plain numpy arrays of each input's dtype, rank and static
+dimensions, optimized.feeds.CheckedFeeds) accepts only what the full check accepts, and a session
+still rejects bad feeds as before: after many good runs a wrong name, dtype, rank or static
+dimension gives a fresh session's error, a new size of a dynamic dimension is accepted, views,
+lists and equal dtypes still work, and outputs never alias a feed or an earlier run's output."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import optimized as ort
-from optimized.feeds import CheckedFeeds
+from optimized.feeds import CheckedFeeds, convert
+from reference.types import check_feed
 
 F = TensorProto.FLOAT
 WARM_RUNS = 50
@@ -127,25 +130,49 @@ class _Subclass(np.ndarray):
     pass
 
 
-def test_table_keeps_only_checked_plain_arrays_and_stays_bounded():
-    inputs = [helper.make_tensor_value_info("x", F, ["n"])]
-    table = CheckedFeeds(inputs)
-    x = np.zeros(3, dtype=np.float32)
-    assert not table.passed({"x": x})
-    table.remember("x", x.tolist(), x)  # converted from a list: the list is not the array
-    assert not table.passed({"x": x})
-    table.remember("x", x, x)
-    assert table.passed({"x": np.ones(3, dtype=np.float32)})
-    assert not table.passed({"x": np.ones(3, dtype=np.float64)})
-    assert not table.passed({"x": np.ones(4, dtype=np.float32)})
-    assert not table.passed({"x": np.ones(3, dtype=np.float32).view(_Subclass)})
-    assert not table.passed({"x": x, "extra": x})
-    for n in range(10 * CheckedFeeds.LIMIT):
-        z = np.zeros(n, dtype=np.float32)
-        table.remember("x", z, z)
-    assert len(table.shapes["x"]) <= CheckedFeeds.LIMIT
+def _input(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
 
 
-def test_no_table_when_an_input_is_not_a_tensor():
+def test_table_passes_plain_arrays_of_the_expected_dtype_rank_and_static_dims():
+    table = CheckedFeeds([_input("x", F, ["n", 3]), _input("ids", TensorProto.INT64, [2])])
+    ids = np.array([4, 5], dtype=np.int64)
+    assert table.passed({"x": np.zeros((7, 3), np.float32), "ids": ids})
+    assert table.passed({"x": np.zeros((0, 3), np.float32).T.T, "ids": ids})
+    assert not table.passed({"x": np.zeros((7, 3), np.float64), "ids": ids})
+    assert not table.passed({"x": np.zeros((7, 4), np.float32), "ids": ids})
+    assert not table.passed({"x": np.zeros((7, 3, 1), np.float32), "ids": ids})
+    assert not table.passed({"x": np.zeros((7, 3), np.float32).view(_Subclass), "ids": ids})
+    assert not table.passed({"x": np.zeros((7, 3), np.float32).tolist(), "ids": ids})
+    assert not table.passed({"x": np.zeros((7, 3), np.float32)})
+    assert not table.passed({"x": np.zeros((7, 3), np.float32), "ids": ids, "extra": ids})
+    assert not table.passed({"x": np.zeros((7, 3), np.float32), "idz": ids})
+
+
+def test_table_on_a_string_input_passes_object_arrays_only():
+    table = CheckedFeeds([_input("s", TensorProto.STRING, [2])])
+    assert table.passed({"s": np.array(["a", "b"], dtype=object)})
+    assert not table.passed({"s": np.array(["a", "b"])})  # converted to objects on the full path
+
+
+def test_no_table_when_an_input_is_not_a_tensor_of_a_known_type():
     seq = helper.make_tensor_sequence_value_info("s", F, None)
-    assert CheckedFeeds([seq]).shapes is None
+    assert CheckedFeeds([_input("x", F, [2]), seq]).expected is None
+    assert CheckedFeeds([_input("x", TensorProto.UNDEFINED, [2])]).expected is None
+
+
+DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_, object]
+ELEMS = [F, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.INT32, TensorProto.UINT8,
+         TensorProto.BOOL, TensorProto.STRING]
+
+
+@settings(max_examples=300, deadline=None)
+@given(elem=st.sampled_from(ELEMS), dims=st.lists(st.one_of(st.none(), st.integers(0, 3)), max_size=3),
+       dtype=st.sampled_from(DTYPES), shape=st.lists(st.integers(0, 3), max_size=3))
+def test_table_passes_only_what_the_full_check_accepts(elem, dims, dtype, shape):
+    """The fast path never accepts a feed the full check rejects."""
+    info = _input("x", elem, [d if d is not None else "dyn" for d in dims])
+    value = np.zeros(shape, dtype=dtype)
+    if CheckedFeeds([info]).passed({"x": value}):
+        check_feed(info, value)
+        assert convert(info.type, value) is value
