@@ -408,7 +408,7 @@ def set_num_threads(n: int) -> None:
     """intra_op_num_threads (0: every available core) for the C kernels' OpenMP pool and for
     NumPy's BLAS, which the reference ops reach through np.matmul and friends: without the
     limit, that BLAS starts a pool of its own beside OpenMP's and the two fight for the cores."""
-    n = n or kernels._available_cpus()
+    n = n or kernels.available_cpus()
     if n == _threads_in_use[0] == kernels.get_num_threads():
         return
     _numpy_blas().limit(limits=n)

@@ -105,14 +105,14 @@ def get_num_threads() -> int:
     return lib.kernels_get_num_threads()
 
 
-def _available_cpus() -> int:
+def available_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
 
 
-set_num_threads(_available_cpus())
+set_num_threads(available_cpus())
 
 
 # --- argument checks -----------------------------------------------------------------------

@@ -115,11 +115,15 @@ class InferenceSession:
 
     def _create_plan(self, providers, provider_options) -> None:
         from .cpu import set_num_threads
+        from .kernels import available_cpus
         from .providers import make_plan, select
 
         self._providers, self._provider_options = select(providers, provider_options)
         self._set_num_threads = set_num_threads
-        set_num_threads(self._options.intra_op_num_threads)
+        # 0 (every CPU this process may use) is resolved once, as onnxruntime sizes its pool
+        # when the session is made; asking the affinity mask costs a system call per run
+        self._threads = self._options.intra_op_num_threads or available_cpus()
+        set_num_threads(self._threads)
         fuse = self._options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         self._plan = make_plan(self._model, self._evaluator, self._provider_options, fuse)
         if self._options.enable_profiling:
@@ -147,7 +151,7 @@ class InferenceSession:
         else:
             feeds = self._prepare_feeds(input_feed, run_options)
         options = self._options
-        self._set_num_threads(options.intra_op_num_threads)  # sessions may differ
+        self._set_num_threads(self._threads)  # sessions may differ
         checker = self._check_node if options.check_nodes else None
         profiler = self._profiler
         if run_options is not None and "CUDAExecutionProvider" not in self._providers:

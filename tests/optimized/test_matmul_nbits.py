@@ -73,7 +73,7 @@ def test_against_reference(m, n, k, bits, block_size, zero_points, with_bias, si
         got = kernels.matmul_nbits(a, b, scales, zp, bias, k=k, n=n, bits=bits,
                                    block_size=block_size, simd=simd)
     finally:
-        kernels.set_num_threads(kernels._available_cpus())
+        kernels.set_num_threads(kernels.available_cpus())
     assert got.shape == (m, n) and got.dtype == np.float32
     assert_agrees(got, a, b, scales, zp, bias, k=k, n=n, bits=bits, block_size=block_size)
 
@@ -92,7 +92,7 @@ def test_many_panels_and_threads(m, bits, block_size):
     try:
         got = kernels.matmul_nbits(a, b, scales, zp, k=k, n=n, bits=bits, block_size=block_size)
     finally:
-        kernels.set_num_threads(kernels._available_cpus())
+        kernels.set_num_threads(kernels.available_cpus())
     assert_agrees(got, a, b, scales, zp, None, k=k, n=n, bits=bits, block_size=block_size)
 
 
