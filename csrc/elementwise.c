@@ -1,4 +1,6 @@
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "kernels.h"
 #include "internal.h"
@@ -88,8 +90,24 @@ void activation_f32(const float *x, float *y, size_t n, int act, float alpha, fl
 }
 
 /* NaN-propagating max and min, as numpy's maximum/minimum and ONNX Max/Min. */
-static inline float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
-static inline float min_nan(float a, float b) { return (a < b || a != a) ? a : b; }
+/* NaN propagates; of two equal values the sign bits are ANDed (max) or ORed (min), so that
+ * Max(+0, -0) = +0 and Min(+0, -0) = -0 (IEEE 754-2019 maximum and minimum), in either order. */
+static inline float zero_signs(float a, float b, int max) {
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    x = max ? (x & y) : (x | y);
+    memcpy(&a, &x, 4);
+    return a;
+}
+static inline float max_nan(float a, float b) {
+    if (a != a || b != b) return a != a ? a : b;
+    return a == b ? zero_signs(a, b, 1) : (a > b ? a : b);
+}
+static inline float min_nan(float a, float b) {
+    if (a != a || b != b) return a != a ? a : b;
+    return a == b ? zero_signs(a, b, 0) : (a < b ? a : b);
+}
 
 /* One innermost row: the strides are 0 or 1 in nearly every call, so those get loops the
  * compiler vectorises. */

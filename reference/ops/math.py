@@ -237,17 +237,40 @@ def _variadic(fn, inputs):
         return np.asarray(functools.reduce(fn, [work(a) for a in arrays])), arrays[0].dtype
 
 
+def _signed_zeros(r, a, b, negative):
+    """r with the max or min of two zeros made +0 or -0 as `negative` says, which NumPy leaves
+    to the code path (float32 vectors give the second operand, float16 scalars the first)."""
+    r = np.asarray(r)
+    if r.dtype.kind != "f":
+        return r
+    both = (a == 0) & (b == 0)
+    if not np.any(both):
+        return r
+    zero = np.where(negative(np.signbit(a), np.signbit(b)), r.dtype.type(-0.0), r.dtype.type(0.0))
+    return np.where(both, zero, r)
+
+
+def _maximum(a, b):
+    """IEEE 754-2019 maximum: +0 is the larger zero; NaN propagates."""
+    return _signed_zeros(np.maximum(a, b), a, b, np.logical_and)
+
+
+def _minimum(a, b):
+    """IEEE 754-2019 minimum: -0 is the smaller zero; NaN propagates."""
+    return _signed_zeros(np.minimum(a, b), a, b, np.logical_or)
+
+
 @op("Max", 1)
 def max_(*inputs, consumed_inputs=None):
-    """Elementwise max with broadcasting; NaN propagates."""
-    r, dtype = _variadic(np.maximum, inputs)
+    """Elementwise max with broadcasting; NaN propagates, and Max(+0, -0) is +0."""
+    r, dtype = _variadic(_maximum, inputs)
     return r.astype(dtype)
 
 
 @op("Min", 1)
 def min_(*inputs, consumed_inputs=None):
-    """Elementwise min with broadcasting; NaN propagates."""
-    r, dtype = _variadic(np.minimum, inputs)
+    """Elementwise min with broadcasting; NaN propagates, and Min(+0, -0) is -0."""
+    r, dtype = _variadic(_minimum, inputs)
     return r.astype(dtype)
 
 

@@ -650,3 +650,14 @@ def test_binary_keeps_0d_shapes():
     out = kernels.binary("Mul", a, b)
     assert out.shape == () and float(out) == 6.0
     assert kernels.binary("Add", a, np.ones((2, 3), np.float32)).shape == (2, 3)
+
+
+def test_binary_max_and_min_of_signed_zeros_and_nan():
+    """The C Max/Min give the reference's IEEE 754-2019 zeros and propagate NaN from either side."""
+    a = np.tile(np.array([0.0, -0.0, 0.0, -0.0, np.nan, 1.0, 3.0], np.float32), 9)
+    b = np.tile(np.array([-0.0, 0.0, 0.0, -0.0, 1.0, np.nan, 2.0], np.float32), 9)
+    mx, mn = kernels.binary("Max", a, b), kernels.binary("Min", a, b)
+    assert list(np.signbit(mx[:4])) == [False, False, False, True]
+    assert list(np.signbit(mn[:4])) == [True, True, False, True]
+    assert np.isnan(mx[4:6]).all() and np.isnan(mn[4:6]).all()
+    assert (mx[6], mn[6]) == (3.0, 2.0)

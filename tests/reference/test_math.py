@@ -300,3 +300,18 @@ def test_bitwise_ops():
     same(run_node("BitwiseNot", arr([0, 15], np.uint8)), arr([255, 240], np.uint8))
     same(run_node("BitwiseAnd", arr([[6], [3]], np.uint16), arr([5, 1], np.uint16)),
          arr([[4, 0], [1, 1]], np.uint16))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("size", [1, 40])  # a scalar path and NumPy's vector loops
+def test_max_and_min_of_signed_zeros_follow_ieee_754_2019(dtype, size):
+    """Max(+0, -0) = +0 and Min(+0, -0) = -0 in either order (the fuzzer found np.maximum
+    giving -0 or +0 by dtype and code path, and a Div after it turning that into -inf or +inf)."""
+    a = np.tile(arr([0.0, -0.0, 0.0, -0.0, 2.0], dtype), size)
+    b = np.tile(arr([-0.0, 0.0, 0.0, -0.0, 2.0], dtype), size)
+    for x, y in ((a, b), (b, a)):
+        mx, mn = run_node("Max", x, y), run_node("Min", x, y)
+        assert list(np.signbit(mx[:5])) == [False, False, False, True, False]
+        assert list(np.signbit(mn[:5])) == [True, True, False, True, False]
+    three = run_node("Max", arr([-0.0], dtype), arr([-0.0], dtype), arr([0.0], dtype))
+    assert not np.signbit(three[0])
