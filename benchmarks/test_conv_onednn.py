@@ -29,7 +29,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks.isolated import IsolatedPair, Workload, WorkerSpec
+from benchmarks.isolated import IsolatedPair, WorkerSpec, Workload
 
 # name: (in_c, out_c, size, kernel, stride, group); pads keep "same" geometry (kernel // 2)
 SHAPES = {
@@ -70,9 +70,9 @@ def iterations(shape: str) -> int:
 
 def conv_workload(shape: str, implementation: str, threads: int) -> Workload:
     """The worker's factory: one convolution by one implementation at `threads` threads."""
-    _, _, _, kernel, stride, group, pad, _, _ = geometry(shape)
+    _, _, _, _kernel, stride, group, pad, _, _ = geometry(shape)
     x, w, b = tensors(shape)
-    attrs = dict(strides=[stride] * 2, pads=[pad] * 4, group=group)
+    attrs = {"strides": [stride] * 2, "pads": [pad] * 4, "group": group}
     if implementation == "onnxruntime":
         return onnxruntime_workload(x, w, b, attrs, threads)
     from optimized import kernels

@@ -15,11 +15,10 @@ import numpy as np
 from reference.ops.conv import tied_filters
 from reference.registry import lookup
 
-from . import kernels
-from .passes.silu_mlp_fusion import FUSED_DOMAIN, SILU_MUL
-from . import decoder_ops
+from . import decoder_ops, kernels
 from .passes.gqa_fusion import GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
 from .passes.rotary_fusion import ROTARY, ROTARY_INTERLEAVED
+from .passes.silu_mlp_fusion import FUSED_DOMAIN, SILU_MUL
 from .plan import ALIAS
 
 MS = "com.microsoft"
@@ -130,8 +129,9 @@ def _conv(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1, p
           strides=None, activation=None, activation_params=(), kernel_shape=None):
     if x.ndim != 4:
         return NotImplemented
-    attrs = dict(strides=strides, pads=pads, dilations=dilations, group=group, auto_pad=auto_pad,
-                 activation=activation, activation_params=list(activation_params or ()))
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": group,
+             "auto_pad": auto_pad, "activation": activation,
+             "activation_params": list(activation_params or ())}
     planned = _onednn_conv(x, w, b, z, attrs)
     if planned is not None:
         y = planned(x, residual=z)
@@ -158,7 +158,7 @@ def _tied_filters(w, group):
 
 def conv_class(w, group) -> str:
     """The class of a convolution in ONEDNN_CONV_RULES, from its weights (M, C/group, kH, kW)."""
-    out_c, per_group, k_h, k_w = w.shape
+    _out_c, per_group, k_h, k_w = w.shape
     if group > 1:
         return "depthwise" if per_group == 1 else "grouped"
     if per_group < 8:

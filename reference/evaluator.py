@@ -199,7 +199,7 @@ class _GraphRunner:
         fn_attrs = {**defaults, **attrs}
         for node in function.node:
             self.run_node(node, scope, opsets, path, fn_attrs)
-        return [scope[o] if o in scope else None for o in function.output]
+        return [scope[o] if o in scope else None for o in function.output]  # noqa: SIM401 - a Scope, no get()
 
     # attributes -----------------------------------------------------------------------
     def static_attributes(self, node, scope, path, fn_attrs, schema) -> dict:

@@ -40,11 +40,11 @@ def check_value(tp: TypeProto, value, what: str) -> None:
         if not isinstance(value, np.ndarray):
             raise InvalidFeedError(f"{what}: expected {describe_type(tp)}, got {type(value).__name__}")
         tt = tp.tensor_type
-        if tt.elem_type and np_dtype(tt.elem_type) != value.dtype:
-            if not (tt.elem_type == 8 and value.dtype.kind in "OUS"):
-                raise InvalidFeedError(
-                    f"{what}: expected {describe_type(tp)}, got an array of {value.dtype}"
-                )
+        strings = tt.elem_type == 8 and value.dtype.kind in "OUS"
+        if tt.elem_type and np_dtype(tt.elem_type) != value.dtype and not strings:
+            raise InvalidFeedError(
+                f"{what}: expected {describe_type(tp)}, got an array of {value.dtype}"
+            )
         if tt.HasField("shape"):
             dims = tt.shape.dim
             if len(dims) != value.ndim:
@@ -64,9 +64,8 @@ def check_value(tp: TypeProto, value, what: str) -> None:
     elif kind == "optional_type":
         if value is not EMPTY and value is not None:
             check_value(tp.optional_type.elem_type, value, what)
-    elif kind == "map_type":
-        if not isinstance(value, dict):
-            raise InvalidFeedError(f"{what}: expected {describe_type(tp)}, got {type(value).__name__}")
+    elif kind == "map_type" and not isinstance(value, dict):
+        raise InvalidFeedError(f"{what}: expected {describe_type(tp)}, got {type(value).__name__}")
 
 
 def check_feed(value_info, value) -> None:

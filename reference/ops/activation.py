@@ -45,9 +45,9 @@ def _prelu(x, slope):
 def prelu_1(x, slope, *, consumed_inputs=None):
     """Before opset 7 a 1-D slope of length C may also apply per channel (axis 1)."""
     x, slope = np.asarray(x), np.asarray(slope)
-    if not _broadcasts_to(slope.shape, x.shape):
-        if slope.ndim == 1 and x.ndim >= 2 and x.shape[1] == slope.shape[0]:
-            slope = slope.reshape((-1,) + (1,) * (x.ndim - 2))
+    per_channel = slope.ndim == 1 and x.ndim >= 2 and x.shape[1] == slope.shape[0]
+    if per_channel and not _broadcasts_to(slope.shape, x.shape):
+        slope = slope.reshape((-1,) + (1,) * (x.ndim - 2))
     return prelu(x, slope)
 
 

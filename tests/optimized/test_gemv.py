@@ -80,7 +80,7 @@ def test_gemm_matches_the_reference(m, k, n, seed, trans_a, trans_b, c_kind, alp
     a = rand(seed, k, m) if trans_a else rand(seed, m, k)
     b = rand(seed + 1, n, k) if trans_b else rand(seed + 1, k, n)
     c = c_of(c_kind, m, n, seed + 2)
-    attrs = dict(alpha=alpha, beta=beta, transA=int(trans_a), transB=int(trans_b))
+    attrs = {"alpha": alpha, "beta": beta, "transA": int(trans_a), "transB": int(trans_b)}
     y = cpu.KERNELS[("", "Gemm")](a, b, c, **attrs)
     judge("", "Gemm", [a, b, c], y, **attrs)
 

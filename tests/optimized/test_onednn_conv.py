@@ -214,7 +214,7 @@ def test_provider_plans_per_input_shape(monkeypatch):
     rng = np.random.default_rng(7)
     w = constant(rng.uniform(-1, 1, (12, 10, 3, 3)))
     b = constant(rng.uniform(-1, 1, 12))
-    attrs = dict(pads=[1, 1, 1, 1], activation="Relu")
+    attrs = {"pads": [1, 1, 1, 1], "activation": "Relu"}
     for shape in [(1, 10, 8, 6), (2, 10, 5, 9), (1, 10, 8, 6)]:
         x = rng.uniform(-1, 1, shape).astype(np.float32)
         z = rng.uniform(-1, 1, (shape[0], 12) + shape[2:]).astype(np.float32)
@@ -314,7 +314,7 @@ def test_plans_are_freed_with_the_session(monkeypatch):
 def run_without_onednn(code: str, setting: str) -> str:
     env = dict(os.environ, ONNX_PARITY_ONEDNN=setting)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

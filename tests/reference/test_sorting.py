@@ -72,9 +72,9 @@ def test_topk_unsigned_extremes_and_bfloat16():
 def test_topk_nan_ranks_above_every_number():
     # The spec leaves NaN unordered; NaN is taken as larger than +inf, as NumPy sorts it.
     x = np.array([1.0, np.nan, np.inf, -1.0], np.float32)
-    v, i = run_node("TopK", x, k(2), n_out=2)
+    _, i = run_node("TopK", x, k(2), n_out=2)
     np.testing.assert_array_equal(i, [1, 2])
-    v, i = run_node("TopK", x, k(4), largest=0, n_out=2)
+    _v, i = run_node("TopK", x, k(4), largest=0, n_out=2)
     np.testing.assert_array_equal(i, [3, 0, 2, 1])
 
 
@@ -121,12 +121,12 @@ def test_unique_negative_axis_unsorted():
 
 def test_unique_strings_and_bool():
     x = np.array(["b", "a", "b", "ab"], dtype=object)
-    y, idx, inv, cnt = run_node("Unique", x, n_out=4)
+    y, _, inv, cnt = run_node("Unique", x, n_out=4)
     assert y.dtype == object
     np.testing.assert_array_equal(y, np.array(["a", "ab", "b"], dtype=object))
     np.testing.assert_array_equal(inv, [2, 0, 2, 1])
     rows = np.array([["x", "y"], ["x", "y"], ["a", "z"]], dtype=object)
-    y, idx, inv, cnt = run_node("Unique", rows, axis=0, n_out=4)
+    y, _idx, inv, cnt = run_node("Unique", rows, axis=0, n_out=4)
     np.testing.assert_array_equal(y, np.array([["a", "z"], ["x", "y"]], dtype=object))
     np.testing.assert_array_equal(cnt, [1, 2])
     y = run_node("Unique", np.array([True, False, True]))

@@ -457,7 +457,7 @@ def attention_sdpa(opset=14, mask=True, scale_from_shape=False):
     if scale_from_shape:
         root_scale = (_scale_from_shape_torchlib if explicit else _scale_from_shape)(b, q)
     else:
-        root_scale = lambda: b.literal(math.sqrt(1 / math.sqrt(HEAD)))  # noqa: E731
+        root_scale = lambda: b.literal(math.sqrt(1 / math.sqrt(HEAD)))
     q_scaled = b.node("Mul", q, root_scale())
     k_scaled = b.node("Mul", b.node("Transpose", k, perm=[0, 1, 3, 2]), root_scale())
     scores = b.node("MatMul", q_scaled, k_scaled)
