@@ -28,10 +28,7 @@ in test_optimized_vs_ort.py).
 from __future__ import annotations
 
 import functools
-import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -40,13 +37,13 @@ import onnx
 import pytest
 
 from benchmarks import models
+from benchmarks.child_process import medians, run_json_child
 
 ROUNDS = 3
 THREADS = [1, 2]
 MODELS = ["light_vgg19", "gpt2_seq128", "gpt2_seq1"]
 RUNTIMES = ("optimized", "onnxruntime")
 RTOL, ATOL = 1e-3, 1e-4
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import json, sys, time
@@ -93,15 +90,7 @@ def model_files(name: str) -> tuple[str, str]:
 def load_in_child(runtime: str, model: str, feeds: str, threads: int, output: str) -> dict:
     args = {"runtime": runtime, "model": model, "feeds": feeds, "threads": threads,
             "output": output}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{runtime} child on {model} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def medians(results: list[dict]) -> dict:
-    return {key: statistics.median(r[key] for r in results) for key in results[0]}
+    return run_json_child(CHILD, args, f"{runtime} child on {model}")
 
 
 def check_agree(name: str, outputs: dict) -> None:

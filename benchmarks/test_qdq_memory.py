@@ -36,13 +36,9 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import logging
 import os
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -50,12 +46,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from benchmarks.child_process import medians, run_json_child
+
 ROUNDS = 3
 THREADS = 2
 PROMPT = 8  # tokens of the decoder's first run
 LINEARS, LINEAR_SIZE, BLOCK = 4, 4096, 32
 FORMS = ("qdq", "nbits")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import json, sys, time
@@ -164,15 +161,7 @@ def load_in_child(runtime: str, model: str, feeds: str, output: str,
                   without_pass: bool = False) -> dict:
     args = {"runtime": runtime, "model": model, "feeds": feeds, "output": output,
             "threads": THREADS, "without_pass": without_pass}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{runtime} child on {model} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def medians(results: list[dict]) -> dict:
-    return {key: statistics.median(r[key] for r in results) for key in results[0]}
+    return run_json_child(CHILD, args, f"{runtime} child on {model}")
 
 
 @pytest.mark.parametrize("runtime", ["optimized", "onnxruntime"])
