@@ -17,6 +17,9 @@ from conformance import fuzz
 from conformance.cli import main as cli_main
 
 REGRESSIONS = Path(__file__).parent / "fuzz" / "regressions"
+# a hang guard, not a speed target: a campaign runs each optimized session three times, and on
+# a 2-core machine loaded ~10 (three test sessions at once) two of them passed 300 s
+CAMPAIGN_TIMEOUT = 900
 
 
 def _regressions():
@@ -36,7 +39,7 @@ def test_saved_regression_agrees_now(folder):
     assert fuzz.check_case(case) == [], meta.get("note", meta["problems"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(CAMPAIGN_TIMEOUT)
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(fuzz.cases())
@@ -87,7 +90,7 @@ def _planted(monkeypatch):
     monkeypatch.setattr(fuzz, "run_optimized", wrong)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(CAMPAIGN_TIMEOUT)
 def test_a_planted_fault_is_found_shrunk_and_saved(tmp_path, monkeypatch):
     _planted(monkeypatch)
     result = fuzz.run_batch(seed=1, examples=100, out_dir=str(tmp_path), onnxruntime=False, max_ops=4)
@@ -99,7 +102,7 @@ def test_a_planted_fault_is_found_shrunk_and_saved(tmp_path, monkeypatch):
     assert fuzz.check_case(case, onnxruntime=False) == []
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(CAMPAIGN_TIMEOUT)
 def test_cli_campaign_over_workers_exits_1_on_a_planted_fault(tmp_path, monkeypatch, capsys):
     assert cli_main(["fuzz", "--examples", "8", "--jobs", "2", "--out", str(tmp_path / "ok")]) == 0
     assert "fuzz campaign" in capsys.readouterr().out
@@ -113,7 +116,7 @@ def test_cli_campaign_over_workers_exits_1_on_a_planted_fault(tmp_path, monkeypa
     assert saved and all((out / p / "model.onnx").is_file() for p in saved)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(CAMPAIGN_TIMEOUT)
 def test_a_worker_that_dies_keeps_the_graph_it_was_running(tmp_path, monkeypatch):
     """A kernel that kills its process (a segfault, say) ends one batch as a crash, and the
     graph it was running is saved as a regression; the other batches still run."""
