@@ -39,16 +39,6 @@ static void dots_portable(const float *w, int64_t k, int rows, const float *a, i
 }
 
 #if defined(__x86_64__)
-#define AVX2 __attribute__((target("avx2,fma")))
-
-AVX2 static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* As dots_portable for ROWS rows of w and M rows of a, with ROWS * M accumulators of 8 lanes;
  * the last k % 8 products are added one by one after the lanes are summed. */
 #define DEFINE_DOTS(ROWS, M)                                                                   \
@@ -69,7 +59,7 @@ AVX2 static inline float hsum8(__m256 v)
         }                                                                                      \
         for (int i = 0; i < M; ++i)                                                            \
             for (int r = 0; r < ROWS; ++r) {                                                   \
-                float s = hsum8(acc[i][r]);                                                    \
+                float s = hsum256(acc[i][r]);                                                    \
                 for (int64_t t = body; t < k; ++t) s += a[i * lda + t] * w[r * k + t];         \
                 out[i * n_out + r] = s;                                                        \
             }                                                                                  \

@@ -75,4 +75,20 @@ static inline void inside_range(int64_t offset, int64_t stride, int64_t in_size,
     *hi = h > l ? h : l;
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* Functions built for AVX2 and FMA, called only after a runtime check of the CPU. */
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* The sum of the 8 lanes. */
+AVX2 static inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
 #endif

@@ -107,16 +107,6 @@ static void gemv_portable(const nbits_weights *w, const float *a_pad, float *y, 
 }
 
 #if defined(__x86_64__)
-#define AVX2 __attribute__((target("avx2,fma")))
-
-AVX2 static inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 AVX2 static inline __m256 bytes_to_ps(__m128i bytes8)
 {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8));
