@@ -478,6 +478,25 @@ def _pads(pads) -> tuple[int, int, int, int]:
     return pads
 
 
+def _conv_geometry(x_shape, w, group, strides, dilations, pads, auto_pad):
+    """A 2-D convolution's sizes, checked: N, C, H, W of x; M, C/group, kH, kW of w; strides,
+    dilations, the window's begin and end padding, and the output's height and width."""
+    _rank("W", w, 4)
+    batch, channels, in_h, in_w = x_shape
+    out_c, per_group, k_h, k_w = w.shape
+    if group < 1 or channels % group or out_c % group:
+        raise ValueError(f"group {group} must divide X's channels {channels} and W's outputs {out_c}")
+    if per_group * group != channels:
+        raise ValueError(f"W has {per_group} input channels per group; X has {channels} channels "
+                         f"in {group} groups")
+    strides = _pair("strides", strides, 1, 1)
+    dilations = _pair("dilations", dilations, 1, 1)
+    begin, end, (out_h, out_w) = window_geometry(
+        (in_h, in_w), (k_h, k_w), strides, dilations, _pads(pads), auto_pad)
+    return (batch, channels, in_h, in_w, out_c, per_group, k_h, k_w, strides, dilations, begin,
+            end, out_h, out_w)
+
+
 def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, strides=None,
            pads=None, dilations=None, group: int = 1, auto_pad: str = "NOTSET",
            residual: np.ndarray | None = None, activation: str | None = None,
@@ -489,18 +508,8 @@ def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, stri
     code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
     x, w = _f32("X", x), _f32("W", w)
     _rank("X", x, 4)
-    _rank("W", w, 4)
-    batch, channels, in_h, in_w = x.shape
-    out_c, per_group, k_h, k_w = w.shape
-    if group < 1 or channels % group or out_c % group:
-        raise ValueError(f"group {group} must divide X's channels {channels} and W's outputs {out_c}")
-    if per_group * group != channels:
-        raise ValueError(f"W has {per_group} input channels per group; X has {channels} channels "
-                         f"in {group} groups")
-    strides = _pair("strides", strides, 1, 1)
-    dilations = _pair("dilations", dilations, 1, 1)
-    begin, _end, (out_h, out_w) = window_geometry(
-        (in_h, in_w), (k_h, k_w), strides, dilations, _pads(pads), auto_pad)
+    (batch, channels, in_h, in_w, out_c, per_group, k_h, k_w, strides, dilations, begin, _end,
+     out_h, out_w) = _conv_geometry(x.shape, w, group, strides, dilations, pads, auto_pad)
     shape = (batch, out_c, out_h, out_w)
     # the GEMMs' dimensions (the rest of the geometry is int64_t in C)
     for name, v in (("kernel depth", per_group * k_h * k_w), ("output plane", out_h * out_w),
@@ -583,18 +592,11 @@ class OneDNNConv:
             raise ValueError(f"layout must be one of {sorted(ONEDNN_LAYOUTS)}, got {layout!r}")
         code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
         w = _f32("W", w)
-        _rank("W", w, 4)
         if len(x_shape) != 4:
             raise ValueError(f"X must be 4-D, got shape {list(x_shape)}")
-        batch, channels, in_h, in_w = (int(d) for d in x_shape)
-        out_c, per_group, k_h, k_w = w.shape
-        if group < 1 or channels % group or out_c % group or per_group * group != channels:
-            raise ValueError(f"group {group} does not split X's {channels} channels and W's "
-                             f"shape {list(w.shape)}")
-        strides = _pair("strides", strides, 1, 1)
-        dilations = _pair("dilations", dilations, 1, 1)
-        begin, end, (out_h, out_w) = window_geometry(
-            (in_h, in_w), (k_h, k_w), strides, dilations, _pads(pads), auto_pad)
+        (batch, channels, in_h, in_w, out_c, _per_group, k_h, k_w, strides, dilations, begin,
+         end, out_h, out_w) = _conv_geometry(tuple(int(d) for d in x_shape), w, group, strides,
+                                             dilations, pads, auto_pad)
         if bias is not None:
             bias = _f32("B", bias)
             if bias.shape != (out_c,):
