@@ -93,38 +93,32 @@ def workload(name: str, create, make_profiled, version: str) -> Workload:
 def optimized(name: str, threads: int, level: int = 99) -> Workload:
     import optimized as ort
 
-    def options(prefix: str | None = None):
-        o = ort.SessionOptions()
-        o.graph_optimization_level = ort.GraphOptimizationLevel(level)
-        o.intra_op_num_threads = threads
-        if prefix:
-            o.enable_profiling = True
-            o.profile_file_prefix = prefix
-        return o
-
-    def create(data, prefix=None):
-        return ort.InferenceSession(data, options(prefix), providers=["CPUExecutionProvider"])
-
-    return workload(name, create, create, ort.__version__)
+    return _workload_of(ort, name, graph_optimization_level=ort.GraphOptimizationLevel(level),
+                        intra_op_num_threads=threads)
 
 
 def onnxruntime(name: str, threads: int) -> Workload:
     import onnxruntime as ort
 
-    def options(prefix: str | None = None):
-        o = ort.SessionOptions()
-        o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        o.intra_op_num_threads = threads
-        o.inter_op_num_threads = 1
-        o.log_severity_level = 3  # the light models carry unused initializers it warns about
-        if prefix:
-            o.enable_profiling = True
-            o.profile_file_prefix = prefix
-        return o
+    return _workload_of(ort, name,
+                        graph_optimization_level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                        execution_mode=ort.ExecutionMode.ORT_SEQUENTIAL,
+                        intra_op_num_threads=threads, inter_op_num_threads=1,
+                        # the light models carry unused initializers it warns about
+                        log_severity_level=3)
 
+
+def _workload_of(ort, name: str, **settings) -> Workload:
+    """The workload of `name` on a runtime with onnxruntime's API (optimized or onnxruntime
+    itself), its SessionOptions set as given."""
     def create(data, prefix=None):
-        return ort.InferenceSession(data, options(prefix), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        for key, value in settings.items():
+            setattr(options, key, value)
+        if prefix:
+            options.enable_profiling = True
+            options.profile_file_prefix = prefix
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 
     return workload(name, create, create, ort.__version__)
 
