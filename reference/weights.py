@@ -215,6 +215,16 @@ def copy_without_weights(model: ModelProto, store: WeightStore) -> ModelProto:
     return copy
 
 
+def copy_without_initializers(model: ModelProto, dropped: set[str]) -> ModelProto:
+    """A copy of `model` without the initializers named in `dropped`, which are never copied
+    (a pass that replaces large weights drops them without a transient second copy)."""
+    copy = ModelProto()
+    _copy_fields(model, copy, skip={"graph"})
+    _copy_fields(model.graph, copy.graph, skip={"initializer"})
+    copy.graph.initializer.extend(t for t in model.graph.initializer if t.name not in dropped)
+    return copy
+
+
 def _copy_fields(src, dst, skip: set) -> None:
     for field, value in src.ListFields():
         if field.name in skip:
@@ -365,6 +375,6 @@ def read_model_file(path: str, store: WeightStore) -> ModelProto | None:
             return None
 
 
-__all__ = ["MEMORY_LOCATION", "WeightStore", "attached", "checkable", "copy_without_weights",
+__all__ = ["MEMORY_LOCATION", "WeightStore", "attached", "checkable", "copy_without_initializers", "copy_without_weights",
            "detach_initializers", "is_stub", "read_model_file", "store_of", "stored_array",
            "tensor_array"]

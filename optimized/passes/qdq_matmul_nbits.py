@@ -30,10 +30,16 @@ from typing import NamedTuple
 
 import numpy as np
 import onnx
-from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper
 
-from reference.weights import SMALL_TENSOR, is_stub, store_of, stored_array, tensor_array
+from reference.weights import (
+    SMALL_TENSOR,
+    copy_without_initializers,
+    is_stub,
+    store_of,
+    stored_array,
+    tensor_array,
+)
 
 from .. import kernels
 from ._graph import (
@@ -72,7 +78,7 @@ def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     read.update(name for i, n in enumerate(graph.node) if i not in removed
                 for name in node_inputs(n))
     weights = {name for i in removed for name in graph.node[i].input if name}
-    result = _copy_without(model, weights - read)
+    result = copy_without_initializers(model, weights - read)
     taken = ({t.name for t in result.graph.initializer} | {i.name for i in graph.input}
              | set(made_by))
     fused = {}
@@ -92,29 +98,6 @@ def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     set_nodes(result.graph, nodes)
     ensure_opset(result, MS_DOMAIN, 1)
     return result
-
-
-def _copy_without(model: onnx.ModelProto, dropped: set[str]) -> onnx.ModelProto:
-    """A copy of the model without the initializers named in `dropped`, which are never copied
-    (they are the large quantized weights)."""
-    copy = onnx.ModelProto()
-    for field, value in model.ListFields():
-        if field.name != "graph":
-            _set_field(copy, field, value)
-    for field, value in model.graph.ListFields():
-        if field.name != "initializer":
-            _set_field(copy.graph, field, value)
-    copy.graph.initializer.extend(t for t in model.graph.initializer if t.name not in dropped)
-    return copy
-
-
-def _set_field(message, field, value) -> None:
-    if hasattr(value, "extend"):  # a repeated field
-        getattr(message, field.name).extend(value)
-    elif isinstance(value, Message):
-        getattr(message, field.name).CopyFrom(value)
-    else:
-        setattr(message, field.name, value)
 
 
 class Match(NamedTuple):
