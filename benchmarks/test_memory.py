@@ -62,6 +62,8 @@ feeds = dict(np.load(args["feeds"]))
 import_mb = peak_mb()
 options = rt.SessionOptions()
 options.intra_op_num_threads = args["threads"]
+options.inter_op_num_threads = 1  # as every other comparison in benchmarks/ sets both runtimes
+options.execution_mode = rt.ExecutionMode.ORT_SEQUENTIAL
 start = time.perf_counter()
 session = rt.InferenceSession(args["model"], options, providers=["CPUExecutionProvider"])
 load_s = time.perf_counter() - start
