@@ -12,10 +12,6 @@
 #include "kernels.h"
 #include "internal.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 /* Below this many weight bytes per thread a second thread costs more than it saves (the
  * parallel region's start and the loss of the other core's cache).  Not settled by
  * measurement: on this 2-core machine at load average 8 (other work), 5 calls back to back at
@@ -73,16 +69,6 @@ DEFINE_DOTS(1, 1)
 DEFINE_DOTS(1, 2)
 DEFINE_DOTS(1, 3)
 DEFINE_DOTS(1, 4)
-
-static int have_avx2(void)
-{
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return cached;
-}
 
 /* Rows of w taken together per pass for m rows of a: as many as leave the accumulators in
  * registers (16 ymm: rows * m accumulators, rows loads, one of a). */

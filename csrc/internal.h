@@ -81,6 +81,17 @@ static inline void inside_range(int64_t offset, int64_t stride, int64_t in_size,
 /* Functions built for AVX2 and FMA, called only after a runtime check of the CPU. */
 #define AVX2 __attribute__((target("avx2,fma")))
 
+/* Whether this CPU runs AVX2 and FMA code (asked once). */
+static inline int have_avx2(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return cached;
+}
+
 /* The sum of the 8 lanes. */
 AVX2 static inline float hsum256(__m256 v)
 {

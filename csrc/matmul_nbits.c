@@ -10,10 +10,6 @@
 #include <string.h>
 #include <omp.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "kernels.h"
 #include "internal.h"
 
@@ -294,16 +290,6 @@ AVX2 static void dequant_row_avx2(const nbits_weights *w, int row, float *out, f
             }
         }
     }
-}
-
-static int have_avx2(void)
-{
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return cached;
 }
 #endif
 

@@ -436,9 +436,12 @@ def gemv(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: fl
     c, c_strides = _addend("GEMV", c, m, n)
     inputs = (a, b) if c is None else (a, b, c)
     out = _output(out, (m, n), *inputs)
-    lib.gemv_f32(int(bool(trans_b)), m, n, k, float(alpha), _ptr(a), k, _ptr(b), float(beta),
-                 ffi.NULL if c is None else _ptr(c), c_strides[0], c_strides[1], _ptr(out),
-                 code, act_alpha, act_beta, int(bool(allow_simd)))
+    status = lib.gemv_f32(int(bool(trans_b)), m, n, k, float(alpha), _ptr(a), k, _ptr(b),
+                          float(beta), ffi.NULL if c is None else _ptr(c), c_strides[0],
+                          c_strides[1], _ptr(out), code, act_alpha, act_beta,
+                          int(bool(allow_simd)))
+    if status != 0:
+        raise ValueError(f"GEMV refused {m} rows of A (it takes 1 to {GEMV_MAX_ROWS})")
     return out
 
 

@@ -8,6 +8,7 @@ control comes back to Python only for the steps that have no description there."
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -26,8 +27,11 @@ from reference.values import normalize
 
 from . import chains, kernels
 
+log = logging.getLogger(__name__)
+
 ABSENT = -1
 ALIAS = "alias"  # a step description (optimized/cpu.py C_STEPS): the output views the input
+NOT_COMPILED = object()  # a signature the plan has not compiled (None: could not)
 PROGRAMS = 8  # input signatures whose runs a plan keeps compiled (least recently used go)
 SIGHTINGS = 64  # signatures seen once, remembered until one comes back
 FOLDED_BYTES = 1 << 16  # the largest value worked out once per signature and kept
@@ -256,8 +260,8 @@ class Plan:
         key = _signature(feeds)
         if key is None:
             return None
-        if key in self._programs:
-            program = self._programs[key]
+        program = self._programs.get(key, NOT_COMPILED)  # one lookup: another thread may evict
+        if program is not NOT_COMPILED:
             if program is None or not self._lock.acquire(blocking=False):
                 return None
             try:
@@ -281,12 +285,21 @@ class Plan:
             self._run_steps(slots, self.steps, 0, record=recorder.record)
             outputs = [slots[s] for s in self.output_slots]
             self._sightings.pop(key, None)
-            self._programs[key] = CompiledRun(self, recorder)
+            self._programs[key] = self._compile(recorder)
             while len(self._programs) > PROGRAMS:
                 self._programs.popitem(last=False)
         finally:
             self._lock.release()
         return outputs
+
+    def _compile(self, recorder) -> CompiledRun | None:
+        """The signature's CompiledRun, or None (it runs step by step in Python from then on)
+        when building it fails: the run that recorded it has its outputs already."""
+        try:
+            return CompiledRun(self, recorder)
+        except Exception as e:  # noqa: BLE001 - a planning gap must not fail a run that worked
+            log.debug("plan: signature not compiled: %s: %s", type(e).__name__, e)
+            return None
 
     def _scoped_call(self, step: Step, slots: list, observer=None):
         scope = SlotScope(slots, self.index)
@@ -402,6 +415,9 @@ class Recorder:
                 self.shape_reads.add(step.inputs[0])
             for s, value in zip(step.outputs, outputs):
                 if s != ABSENT:
+                    # every later run reads it: a copy nobody may write, never the caller's array
+                    value = np.array(value, copy=True)
+                    value.setflags(write=False)
                     self.static[s] = value
 
     def _matches(self, step: Step, values: list, outputs: list) -> bool:
