@@ -12,11 +12,13 @@ from onnx import ModelProto, external_data_helper, numpy_helper
 from reference.errors import InvalidModelError
 from reference.loading import load_external_data, load_model, model_tensors, refuse_external_data
 from reference.weights import (
+    MEMORY_LOCATION,
     WeightStore,
     copy_without_weights,
     detach_initializers,
     is_stub,
     read_model_file,
+    store_of,
 )
 
 from .errors import InvalidArgument
@@ -26,6 +28,7 @@ def load_for_session(path_or_bytes, options) -> tuple[ModelProto, WeightStore]:
     """The model to run, its large initializers as stubs in the store that comes with it."""
     store = WeightStore()
     model, folder = _parse(path_or_bytes, store)
+    refuse_foreign_stubs(model, store)
     fill_external_data(model, options.external_files)
     replace_initializers(model, options.initializers)
     if folder is None:
@@ -39,6 +42,17 @@ def load_for_session(path_or_bytes, options) -> tuple[ModelProto, WeightStore]:
     detach_initializers(model, store)  # external data, and what the options added
     store.retain(model)  # less what add_initializer replaced
     return model, store
+
+
+def refuse_foreign_stubs(model: ModelProto, store: WeightStore) -> None:
+    """A tensor of the model as given may not name in-memory weights (MEMORY_LOCATION): only
+    the stubs loading just made, in this session's store, are the session's own; any other
+    would read weights another session holds, past the external-data folder check."""
+    for tensor in model_tensors(model):
+        if is_stub(tensor) and store_of(tensor) is not store:
+            raise InvalidModelError(
+                f"tensor {tensor.name!r}: external data location {MEMORY_LOCATION!r} names "
+                "weights held in memory by onnx-parity; a model given to a session cannot")
 
 
 def _parse(path_or_bytes, store: WeightStore) -> tuple[ModelProto, str | None]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import secrets
 import sys
 import weakref
 
@@ -43,7 +44,7 @@ class WeightStore:
     """Arrays by key; a model's stubs name the store by its token."""
 
     def __init__(self):
-        self.token = f"{next(_TOKENS)}-{id(self):x}"
+        self.token = f"{next(_TOKENS)}-{secrets.token_hex(16)}"  # not to be guessed
         self.arrays: dict[str, np.ndarray] = {}
         _STORES[self.token] = self
 

@@ -83,3 +83,26 @@ def test_the_optimized_model_carries_the_weight_the_session_runs(model_path):
     np.testing.assert_array_equal(numpy_helper.to_array(w), expected)
     x = np.random.default_rng(1).standard_normal((1, ROWS), dtype=np.float32)
     np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("given_as", ["path", "bytes", "ModelProto"])
+def test_a_model_cannot_name_another_sessions_weights(model_path, tmp_path, given_as):
+    """A session's stubs say where its weights live in memory; a model that names that place
+    must be refused, not given the other session's arrays."""
+    victim = optimized.InferenceSession(model_path)
+    stolen = onnx.load(model_path)
+    weight = max(stolen.graph.initializer, key=lambda t: len(t.raw_data))
+    forged = victim._weights.token  # what an attacker would have to guess
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    del weight.external_data[:]
+    for key, value in (("location", "*/onnx-parity-memory/*"), ("store", forged), ("key", "0")):
+        weight.external_data.add(key=key, value=value)
+    if given_as == "path":
+        path = tmp_path / "forged.onnx"
+        onnx.save(stolen, str(path))
+        source = str(path)
+    else:
+        source = stolen.SerializeToString() if given_as == "bytes" else stolen
+    with pytest.raises(optimized.InvalidGraph, match="names weights held in memory"):
+        optimized.InferenceSession(source)
