@@ -599,6 +599,8 @@ def run_optimized(model_bytes: bytes, feeds, level: int) -> list:
 
 
 def _same_bits(expected: list, actual: list, what: str) -> None:
+    if len(actual) != len(expected):
+        raise RepeatedRunMismatch(f"{what}: {len(actual)} outputs, expected {len(expected)}")
     for i, (e, a) in enumerate(zip(expected, actual)):
         a = np.asarray(a)
         same = (e.shape == a.shape and e.dtype == a.dtype

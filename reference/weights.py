@@ -26,7 +26,7 @@ from .errors import InvalidModelError
 MEMORY_LOCATION = "*/onnx-parity-memory/*"
 # smaller tensors (shapes, axes, scalars) stay in the model, where shape inference reads them
 SMALL_TENSOR = 1024  # elements
-# element types with one element per itemsize bytes of raw_data (no 2-, 4- or 6-bit packing)
+# element types packed below a byte per element (2, 4 or 6 bits) in raw_data
 _SUB_BYTE = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2",
                                                "FLOAT6E2M3", "FLOAT6E3M2") if hasattr(TensorProto, n)}
 # 4-bit integer weights (QDQ models) are stored as their packed raw bytes, two codes a byte

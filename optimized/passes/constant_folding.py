@@ -2,6 +2,8 @@
 reference op, and its outputs become initializers. Constant nodes become initializers too."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -76,7 +78,8 @@ def _filled_elements(values: dict, node) -> int:
     shape = values.get(node.input[0]) if node.input else None
     if shape is None or shape.ndim != 1 or shape.dtype.kind not in "iu":
         return 0
-    return int(np.prod(shape.astype(np.int64), dtype=np.int64)) if np.all(shape >= 0) else 0
+    # Python integers: an int64 product could wrap past the size limit it is checked against
+    return math.prod(int(d) for d in shape) if np.all(shape >= 0) else 0
 
 
 def _evaluate(model, node, values):
