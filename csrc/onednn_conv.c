@@ -185,8 +185,22 @@ static dnnl_status_t run_reorder(dnnl_primitive_t prim, dnnl_memory_t from, dnnl
 
 /* geometry: batch, in_c, in_h, in_w, out_c, k_h, k_w, group, stride_h, stride_w, pad_top,
  * pad_left, pad_bottom, pad_right, dil_h, dil_w, out_h, out_w. */
+static onednn_conv *create_locked(const int64_t *geometry, const float *w, const float *bias,
+                                  int has_residual, int act, float alpha, float beta, int layout);
+
+/* Under run_lock: the weights' reorder runs on the stream that runs share, and last_error is
+ * written here too. */
 onednn_conv *onednn_conv_create(const int64_t *geometry, const float *w, const float *bias,
                                 int has_residual, int act, float alpha, float beta, int layout)
+{
+    pthread_mutex_lock(&run_lock);
+    onednn_conv *c = create_locked(geometry, w, bias, has_residual, act, alpha, beta, layout);
+    pthread_mutex_unlock(&run_lock);
+    return c;
+}
+
+static onednn_conv *create_locked(const int64_t *geometry, const float *w, const float *bias,
+                                  int has_residual, int act, float alpha, float beta, int layout)
 {
     if (library == NULL) {
         snprintf(last_error, sizeof last_error, "oneDNN is not opened (onednn_open)");
