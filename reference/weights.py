@@ -21,6 +21,7 @@ import numpy as np
 from google.protobuf.message import Message
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
+from .dtypes import np_dtype
 from .errors import InvalidModelError
 
 MEMORY_LOCATION = "*/onnx-parity-memory/*"
@@ -132,7 +133,10 @@ def _array_to_store(tensor: TensorProto) -> np.ndarray | None:
         if not tensor.HasField("raw_data"):
             return None
         return np.frombuffer(tensor.raw_data, np.uint8).copy()
-    return numpy_helper.to_array(tensor)
+    array = numpy_helper.to_array(tensor)
+    # older onnx releases widen bfloat16 and float8 to float32: such an array could not be
+    # written back as the tensor's own bytes (attached), so the tensor stays in the model
+    return array if array.dtype == np_dtype(tensor.data_type) else None
 
 
 def _detachable(tensor: TensorProto) -> bool:
