@@ -24,15 +24,12 @@ the machine this loaded, the second thread often had no core and those rounds ar
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
+from benchmarks.test_kernels import rand
 from optimized import kernels
 
-THREADS = [1, 2]
-SETTLE_S = 0.5
 WEIGHTS = {  # name: (K, N)
     "768x768": (768, 768),
     "768x3072": (768, 3072),
@@ -43,17 +40,6 @@ WEIGHTS = {  # name: (K, N)
 ROWS = [1, 4]
 
 
-def rand(seed, shape):
-    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
-
-
-@pytest.fixture(params=THREADS, ids=lambda n: f"{n}thr")
-def threads(request):
-    before = kernels.get_num_threads()
-    kernels.set_num_threads(request.param)
-    time.sleep(SETTLE_S)
-    yield request.param
-    kernels.set_num_threads(before)
 
 
 @pytest.mark.parametrize("impl", ["blas", "gemv", "gemv_nk"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import time
 
 import numpy as np
 import pytest
@@ -19,9 +18,6 @@ from onnx import TensorProto, helper
 
 from optimized import kernels
 from reference.registry import lookup
-
-THREADS = [1, 2]
-SETTLE_S = 0.5
 
 GEMMS = {  # name: (M, K, N)
     "gemv_1x768x768": (1, 768, 768),
@@ -52,15 +48,6 @@ def numpy_blas_threads(n):
         yield
 
 
-@pytest.fixture(params=THREADS, ids=lambda n: f"{n}thr")
-def threads(request):
-    before = kernels.get_num_threads()
-    kernels.set_num_threads(request.param)
-    # let the previous contender's pool threads (OpenBLAS's, onnxruntime's) stop spinning: on a
-    # machine with as many cores as threads they would otherwise steal this contender's cores
-    time.sleep(SETTLE_S)
-    yield request.param
-    kernels.set_num_threads(before)
 
 
 def ort_session(nodes, inputs, initializers, threads):
