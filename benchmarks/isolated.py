@@ -46,8 +46,10 @@ from typing import Any, Self
 START_TIMEOUT = 600.0
 REQUEST_TIMEOUT = 600.0
 # pause between rounds, so that threads still spinning after one runtime's round do not take
-# the cores of the next runtime's round (onnxruntime and OpenMP both spin for a while)
-SETTLE_SECONDS = 0.01
+# the cores of the next runtime's round: onnxruntime's pool (gpt2_seq128, 2 threads) spent
+# 8 ms of CPU in the 10 ms after a run and 40-46 ms within 0.1 s and 1 s (process_time while
+# sleeping); with a 10 ms pause the next runtime's round ran beside that spinning thread
+SETTLE_SECONDS = 0.1
 
 
 class WorkerError(RuntimeError):

@@ -40,14 +40,16 @@ _load_blas()
 # OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when the extension below loads it (GNU OpenMP has no
 # call to change them later); without them it spins 300000 rounds, milliseconds after every
 # parallel region.  On a busy machine, or beside onnxruntime's pool in one process, those
-# spinning threads take the cores the working threads wait for.  1000 rounds still bridge the
-# short gaps between one node's region and the next, and end soon after a run.
-# Measured at 2 threads on the busy 2-core machine (README, Performance): the llama_4bit decode
-# step 922 ms at libgomp's default, 23 ms at 1000 rounds, 22 ms passive; resnet50 1425, 221, 187.
+# spinning threads take the cores the working threads wait for.  Too few rounds cost as much on
+# a quiet machine: with 1000, a run that follows an idle pause (an app between requests) took
+# 55 ms instead of 26 (gpt2_seq128, 2 threads, 0.3 s between runs), because the sleeping thread
+# is woken for every parallel region; 30000 rounds (well under a millisecond) gave 33 ms.
+# On the same machine with three busy processes beside it: gpt2_seq1 at 2 threads 8.3-9.3 ms
+# at 1000 rounds, 11.5 at 30000, 23 at 300000 (README, Performance, has the older busy sweep).
 # A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins; ours is set for the load only, so the
 # process's environment (and its children's) stays as the user left it.  A libgomp that another
 # library loaded first keeps the settings it loaded with.
-OPENMP_SPIN_COUNT = 1000
+OPENMP_SPIN_COUNT = 30000
 
 
 def _import_extension():
