@@ -196,12 +196,23 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
  *   PLAN_CHAIN        chain_f32 of in[0] into out[0]: n[0] elements, n[1] ops (at most
  *                     PLAN_CHAIN_MAX_OPS), the arrays below
  *   PLAN_GEMV         gemv_f32: flags bit 1 trans_b, n[0..2] m, n, k (a's rows k apart),
- *                     f[0] alpha, f[1] beta, in[2] c with strides g[0..1], act with f[2..3] */
+ *                     f[0] alpha, f[1] beta, in[2] c with strides g[0..1], act with f[2..3]
+ *   PLAN_CONV         conv2d_f32: in x, w, bias, residual; n[0..3] batch, in_c, in_h, in_w,
+ *                     g[0..11] out_c, k_h, k_w, group, strides, pads (top, left), dilations,
+ *                     out_h, out_w; act with f[0..1]; fails where conv2d_f32 does
+ *   PLAN_ONEDNN_CONV  onednn_conv_run(handle): in x, residual; fails where it does
+ *   PLAN_ROTARY       rotary_f32: in x, cos, sin; n[0..3] d0, d1, d2, head, g[0] rot,
+ *                     g[1..3] cos strides, flags bit 0 full_width, bit 1 interleaved
+ *   PLAN_GQA          gqa_f32 (bnsh q, no kv_valid/q_pos/causal/window): in q, k, v, mask;
+ *                     n[0..3] batch, heads, kv_heads, q_len, g[0..2] q strides, g[3..5]
+ *                     kv_len, head_size, v_head_size, g[6..9] mask strides, f[0] scale,
+ *                     flags bit 0 empty_nan, kv_head_of the int32 table below */
 enum plan_kind {
     PLAN_ACTIVATION = 0, PLAN_BINARY = 1, PLAN_GEMM = 2, PLAN_MATMUL = 3, PLAN_SOFTMAX = 4,
     PLAN_LAYERNORM = 5, PLAN_RMSNORM = 6, PLAN_SILU_MUL = 7, PLAN_REDUCE_LAST = 8,
     PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11, PLAN_ROWS_COPY = 12,
-    PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256, PLAN_GEMV = 14
+    PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256, PLAN_GEMV = 14, PLAN_CONV = 15,
+    PLAN_ONEDNN_CONV = 16, PLAN_ROTARY = 17, PLAN_GQA = 18
 };
 typedef struct {
     int32_t kind, code, act, flags;
@@ -216,6 +227,9 @@ typedef struct {
     const float *params;
     const int64_t *geometry;
     const int32_t *side_slots;
+    /* PLAN_GQA only: one KV head per query head; PLAN_ONEDNN_CONV only: its onednn_conv */
+    const int32_t *kv_head_of;
+    void *handle;
 } plan_step;
 
 /* Runs steps[0..count) in order.  Returns -1, or the index of the step that failed (its

@@ -113,6 +113,21 @@ static int run_step(const plan_step *s, void *const *slots)
         return gemv_f32((s->flags >> 1) & 1, (int)s->n[0], s->n[1], s->n[2], s->f[0], IN(0),
                         s->n[2], IN(1), s->f[1], IN(2), s->g[0], s->g[1], OUT(0), s->act,
                         s->f[2], s->f[3], 1);
+    case PLAN_CONV:
+        return conv2d_f32(IN(0), s->n[0], s->n[1], s->n[2], s->n[3], IN(1), s->g[0], s->g[1],
+                          s->g[2], s->g[3], s->g[4], s->g[5], s->g[6], s->g[7], s->g[8], s->g[9],
+                          IN(2), IN(3), OUT(0), s->g[10], s->g[11], s->act, s->f[0], s->f[1]);
+    case PLAN_ONEDNN_CONV:
+        return onednn_conv_run((onednn_conv *)s->handle, IN(0), IN(1), OUT(0)) == 0 ? 0 : -1;
+    case PLAN_ROTARY:
+        rotary_f32(IN(0), IN(1), IN(2), OUT(0), s->n[0], s->n[1], s->n[2], s->n[3], s->g[0],
+                   s->g + 1, s->flags & 1, (s->flags >> 1) & 1);
+        return 0;
+    case PLAN_GQA:
+        return gqa_f32(IN(0), s->g, IN(1), IN(2), OUT(0), (int)s->n[0], (int)s->n[1],
+                       (int)s->n[2], (int)s->n[3], (int)s->g[3], (int)s->g[4], (int)s->g[5],
+                       s->kv_head_of, s->f[0], IN(3), s->g + 6, NULL, NULL, 0, -1,
+                       s->flags & 1) == 0 ? 0 : -1;
     case PLAN_GATHER:
         return gather_rows(slots[s->in[0]], slots[s->in[1]], slots[s->out[0]], s->n[0], s->n[1], s->n[2], s->n[3]);
     default:

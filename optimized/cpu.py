@@ -777,6 +777,78 @@ def _fast_gelu_steps(ins, outs):
             kernels.activation_step("GeluTanh", (), y.slot, y.slot, y.shape)]
 
 
+@_described
+def _conv_steps(ins, outs, *, auto_pad="NOTSET", dilations=None, group=1, pads=None,
+                strides=None, activation=None, activation_params=(), kernel_shape=None):
+    """Conv and FusedConv as _conv runs them: the oneDNN plan that _onednn_conv made for this
+    shape in the recorded run, else conv2d; not where equal filters make _conv pick channels."""
+    x, w = ins[:2]
+    b = ins[2] if len(ins) > 2 else None
+    z = ins[3] if len(ins) > 3 else None
+    if len(x.shape) != 4 or w.value is None or _tied_filters(w.value, group) is not None:
+        return None
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": group,
+             "auto_pad": auto_pad, "activation": activation,
+             "activation_params": list(activation_params or ())}
+    shaped = np.broadcast_to(np.float32(0), x.shape)  # what _onednn_conv reads of x
+    planned = _onednn_conv(shaped, w.value, None if b is None else b.value,
+                           None if z is None else shaped, attrs)
+    if planned is not None:
+        return [kernels.onednn_conv_step(planned, x.slot, _slot(z), outs[0].slot)]
+    return [kernels.conv_step(x.slot, x.shape, w.slot, w.shape, _slot(b), _slot(z),
+                              outs[0].slot, **attrs)]
+
+
+@_described
+def _global_average_pool_steps(ins, outs):
+    x = ins[0]
+    if len(x.shape) < 3:
+        return None
+    return [kernels.reduce_last_step("mean", x.slot, outs[0].slot, x.shape[0] * x.shape[1],
+                                     int(np.prod(x.shape[2:])))]
+
+
+def _rotary_steps(interleaved):
+    @_described
+    def describe(ins, outs):
+        """Where decoder_ops._rotary takes the kernel (else its body runs in Python)."""
+        x, cos, sin = ins[:3]
+        fits = (1 <= len(x.shape) <= 4 and x.shape[-1] % 2 == 0 and cos.shape == sin.shape
+                and len(cos.shape) >= 1 and cos.shape[-1] == x.shape[-1]
+                and np.broadcast_shapes(x.shape, cos.shape) == x.shape)
+        if not fits:
+            return None
+        return [kernels.rotary_step(x.slot, x.shape, cos.slot, sin.slot, cos.shape,
+                                    outs[0].slot, interleaved=interleaved)]
+
+    return describe
+
+
+@_declining
+def _grouped_attention_steps(ins, outs, *, scale=1.0):
+    """GroupedAttention(Masked) where decoder_ops._grouped takes the kernel: float32 q, k, v
+    (and mask) of rank 4, and a kv_heads table the same in every run."""
+    q, k, v, kv_heads = ins[:4]
+    mask = ins[4] if len(ins) > 4 else None
+    y = outs[0] if outs else None
+    if not _float32([q, k, v, mask], [y]) or y is None or kv_heads is None or kv_heads.value is None:
+        return None
+    fits = (len(q.shape) == len(k.shape) == len(v.shape) == 4
+            and q.shape[0] == k.shape[0] == v.shape[0] and k.shape[3] == q.shape[3]
+            and v.shape[1:3] == k.shape[1:3])
+    table = decoder_ops.head_table(kv_heads.value, q.shape[1], k.shape[1]) if fits else None
+    if table is None:
+        return None
+    if y.shape != (q.shape[0], q.shape[2], q.shape[1], v.shape[3]):
+        return None
+    try:
+        return [kernels.grouped_attention_step(
+            q.slot, q.shape, k.slot, k.shape, v.slot, v.shape, table, _slot(mask),
+            None if mask is None else mask.shape, y.slot, scale=scale, empty_nan=True)]
+    except ValueError:
+        return None
+
+
 C_STEPS = {
     ("", "Add"): _binary_steps("Add"),
     ("", "Sub"): _binary_steps("Sub"),
@@ -811,4 +883,11 @@ C_STEPS = {
     ("", "Split"): _split_steps,
     ("", "Slice"): _slice_steps,
     (MS, "FastGelu"): _fast_gelu_steps,
+    ("", "Conv"): _conv_steps,
+    (MS, "FusedConv"): _conv_steps,
+    ("", "GlobalAveragePool"): _global_average_pool_steps,
+    (FUSED_DOMAIN, ROTARY): _rotary_steps(False),
+    (FUSED_DOMAIN, ROTARY_INTERLEAVED): _rotary_steps(True),
+    (FUSED_DOMAIN, GROUPED_ATTENTION): _grouped_attention_steps,
+    (FUSED_DOMAIN, GROUPED_ATTENTION_MASKED): _grouped_attention_steps,
 }

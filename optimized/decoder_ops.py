@@ -116,6 +116,9 @@ def _head_table(kv_heads, heads, kv):
     return table if table.size == heads else None
 
 
+head_table = _head_table  # the plan's step descriptions (optimized/cpu.py) read it too
+
+
 def _grouped(q, k, v, kv_heads, mask, scale):
     fits = (_floats(q, k, v) and q.ndim == k.ndim == v.ndim == 4 and q.shape[0] == k.shape[0]
             == v.shape[0] and k.shape[3] == q.shape[3] and v.shape[1:3] == k.shape[1:3]

@@ -1310,6 +1310,112 @@ def chain_step(x: int, y: int, size: int, ops, params, geometry, side_slots) -> 
                  geometry=geometry, side_slots=ffi.new("int32_t[]", list(side_slots)))
 
 
+def reduce_last_step(kind: str, x: int, y: int, rows: int, cols: int) -> dict:
+    """reduce_last_f32 of (rows, cols) into rows values: GlobalAveragePool is "mean" over
+    (N * C, spatial)."""
+    codes = {"mean": lib.RED_MEAN}
+    if kind not in codes:
+        raise ValueError(f"unknown reduction {kind!r}; expected one of {sorted(codes)}")
+    if cols <= 0:
+        raise ValueError(f"a reduction over {cols} values")
+    _nonempty((rows,))
+    return _step(lib.PLAN_REDUCE_LAST, [x], [y], code=codes[kind], n=[rows, cols, 0, 0])
+
+
+def conv_step(x: int, x_shape, w: int, w_shape, bias: int, residual: int, y: int, *,
+              strides=None, pads=None, dilations=None, group: int = 1, auto_pad="NOTSET",
+              activation=None, activation_params=()) -> dict:
+    """As conv2d() for NCHW x of x_shape and w of w_shape; bias and residual are -1 where
+    absent (a bias of shape (M,), a residual of the output's shape, as conv2d checks)."""
+    code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
+    if len(x_shape) != 4:
+        raise ValueError(f"X must be 4-D, got shape {list(x_shape)}")
+    (batch, channels, in_h, in_w, out_c, per_group, k_h, k_w, strides, dilations, begin, _end,
+     out_h, out_w) = _conv_geometry(tuple(x_shape), _ShapeOnly(w_shape), group, strides,
+                                    dilations, pads, auto_pad)
+    for name, v in (("kernel depth", per_group * k_h * k_w), ("output plane", out_h * out_w),
+                    ("output channels per group", out_c // group)):
+        _c_int(name, v)
+    _nonempty((batch, out_c, out_h, out_w))
+    return _step(lib.PLAN_CONV, [x, w, bias, residual], [y], act=code,
+                 n=[batch, channels, in_h, in_w], f=[act_alpha, act_beta, 0.0, 0.0],
+                 g=[out_c, k_h, k_w, group, *strides, *begin, *dilations, out_h, out_w])
+
+
+def onednn_conv_step(conv: OneDNNConv, x: int, residual: int, y: int) -> dict:
+    """conv (a planned OneDNNConv) run by slot; the step keeps its primitive alive."""
+    if (residual >= 0) != conv.residual:
+        raise ValueError("the residual must be given exactly when the plan has one")
+    _nonempty(conv.out_shape)
+    return _step(lib.PLAN_ONEDNN_CONV, [x, residual], [y], handle=conv._handle)
+
+
+def rotary_step(x: int, x_shape, cos: int, sin: int, cos_shape, y: int, *,
+                interleaved: bool = False) -> dict:
+    """As rotary() for x of x_shape and cos, sin of cos_shape."""
+    x_shape, cos_shape = tuple(x_shape), tuple(cos_shape)
+    if not 1 <= len(x_shape) <= 4:
+        raise ValueError(f"rotary: x must have rank 1 to 4, got shape {list(x_shape)}")
+    head, width = x_shape[-1], cos_shape[-1] if cos_shape else 0
+    full_width = width == head
+    rot = head if full_width else 2 * width
+    if rot % 2 or rot > head or width == 0:
+        raise ValueError(f"rotary: cos/sin width {width} fits no rotation of head size {head}")
+    rows = (1,) * (4 - len(x_shape)) + x_shape[:-1]
+    if not _broadcasts_to(cos_shape[:-1], rows):
+        raise ValueError(f"rotary: cos/sin of shape {list(cos_shape)} do not broadcast to "
+                         f"{list(x_shape[:-1]) + [width]}")
+    strides = [st // 4 for st in np.broadcast_to(np.empty(cos_shape, np.float32),
+                                                 rows + (width,)).strides[:3]]
+    _nonempty(x_shape)
+    return _step(lib.PLAN_ROTARY, [x, cos, sin], [y], n=[*rows, head],
+                 g=[rot, *strides] + [0] * 8,
+                 flags=int(full_width) | int(bool(interleaved)) << 1)
+
+
+def grouped_attention_step(q: int, q_shape, k: int, k_shape, v: int, v_shape, kv_head_of,
+                           mask: int, mask_shape, y: int, *, scale: float | None = None,
+                           empty_nan: bool = False) -> dict:
+    """As grouped_attention() with q in "bnsh" and no kv_valid, q_pos, causal or window;
+    mask is -1 (mask_shape None) without one."""
+    batch, heads, q_len, head_size = _four("Q", q_shape)
+    kv_heads, kv_len, v_head_size = k_shape[1], k_shape[2], v_shape[3]
+    if tuple(k_shape) != (batch, kv_heads, kv_len, head_size):
+        raise ValueError(f"K must be {[batch, 'KV', 'T', head_size]}, got {list(k_shape)}")
+    if len(v_shape) != 4 or tuple(v_shape[:3]) != (batch, kv_heads, kv_len):
+        raise ValueError(f"V must be {[batch, kv_heads, kv_len, 'Dv']}, got {list(v_shape)}")
+    table = np.asarray(kv_head_of)
+    if table.shape != (heads,) or table.dtype.kind not in "iu" or (
+            heads and not (0 <= table.min() and table.max() < kv_heads)):
+        raise ValueError(f"kv_head_of must hold one KV head in [0, {kv_heads}) per query head "
+                         f"({heads}), got {table!r}")
+    for name, shape in (("Q", q_shape), ("K", k_shape), ("V", v_shape)):
+        _c_int(f"{name} size", math.prod(shape))
+    _c_int("kv_len", kv_len)
+    scores_shape = (batch, heads, q_len, kv_len)
+    mask_strides = (0, 0, 0, 0)
+    if mask_shape is not None:
+        if not _broadcasts_to(tuple(mask_shape), scores_shape):
+            raise ValueError(f"mask of shape {list(mask_shape)} does not broadcast to "
+                             f"{list(scores_shape)}")
+        mask_strides = tuple(st // 4 for st in np.broadcast_to(
+            np.empty(mask_shape, np.float32), scores_shape).strides)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size) if head_size else 1.0
+    _nonempty((batch, q_len, heads, v_head_size))
+    q_strides = (heads * q_len * head_size, q_len * head_size, head_size)
+    return _step(lib.PLAN_GQA, [q, k, v, mask], [y], n=[batch, heads, kv_heads, q_len],
+                 g=[*q_strides, kv_len, head_size, v_head_size, *mask_strides, 0, 0],
+                 f=[float(scale), 0.0, 0.0, 0.0], flags=int(bool(empty_nan)),
+                 kv_head_of=ffi.new("int32_t[]", [int(h) for h in table] or [0]))
+
+
+def _four(name: str, shape) -> tuple:
+    if len(shape) != 4:
+        raise ValueError(f"{name} must be 4-D, got shape {list(shape)}")
+    return tuple(shape)
+
+
 class _ShapeOnly:
     """What _rows reads of an array: its shape, rank and size."""
 

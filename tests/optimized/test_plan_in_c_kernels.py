@@ -1,0 +1,213 @@
+"""Step-table entries for the kernels that small convolutional and decoder models spend their
+runs in: Conv and FusedConv (our conv2d, or the oneDNN primitive _onednn_conv planned),
+GlobalAveragePool, the fused Rotary and GroupedAttention(Masked) of optimized/passes.  Each
+compiled run must give the Python plan's bits, stay within the agreement policy's bound of the
+reference op, and be compiled again when the input shapes change."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from optimized import kernels
+from optimized._kernels import lib
+from optimized.cpu import C_STEPS, KERNELS
+from optimized.passes.gqa_fusion import (GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED,
+                                         grouped_attention_function)
+from optimized.passes.rotary_fusion import ROTARY, ROTARY_INTERLEAVED, rotary_function
+from optimized.passes.silu_mlp_fusion import FUSED_DOMAIN
+from optimized.plan import PY, C, Plan
+from reference.agreement import check_node
+from reference.evaluator import ReferenceEvaluator
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+MS = "com.microsoft"
+
+
+def model_of(nodes, inputs, outputs, initializers=(), functions=(), opset=18):
+    graph = helper.make_graph(nodes, "t", inputs, outputs,
+                              initializer=[numpy_helper.from_array(v, n) for n, v in initializers])
+    return helper.make_model(graph, functions=list(functions), opset_imports=[
+        helper.make_opsetid("", opset), helper.make_opsetid(MS, 1),
+        helper.make_opsetid(FUSED_DOMAIN, 1)])
+
+
+def tensor(name, shape, elem=F):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def program(plan, feeds):
+    return plan._programs.get(tuple((n, v.shape, v.dtype) for n, v in feeds.items()))
+
+
+def run_both(model, feeds):
+    """The step-table plan's outputs on its third run (recorded, compiled, then run in C), the
+    Python plan's outputs, and the compiled program."""
+    in_c, in_python = Plan(model, KERNELS, c_steps=C_STEPS), Plan(model, KERNELS)
+    for _ in range(3):
+        got = in_c.run(dict(feeds))
+    return got, in_python.run(dict(feeds)), program(in_c, feeds), in_c
+
+
+def assert_identical(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert g.tobytes() == w.tobytes()  # bit for bit, signed zeros and NaN payloads too
+
+
+def step_kinds(compiled):
+    return [compiled.table.steps[i].kind for i in range(compiled.table.count)]
+
+
+def assert_within_bound(plan, feeds, got):
+    """A one-node graph's compiled output judged against its reference op."""
+    step = plan.steps[0]
+    values = [feeds[plan.names[s]] if plan.names[s] in feeds else plan.template[s]
+              for s in step.inputs if s >= 0]
+    judgement = check_node(step.node, 18, values, got, step.reference)
+    assert judgement.ok, judgement.message()
+
+
+# --- convolution --------------------------------------------------------------------------
+RNG = np.random.default_rng(21)
+CONVS = {  # name: (x shape, w shape, attributes), N != C != H != W
+    "pointwise": ((2, 12, 7, 5), (10, 12, 1, 1), {}),
+    "depthwise": ((1, 12, 9, 6), (12, 1, 3, 3), {"group": 12, "pads": [1, 1, 1, 1],
+                                                 "strides": [2, 1]}),
+    "spatial": ((2, 16, 7, 9), (8, 16, 3, 3), {"pads": [1, 0, 1, 2], "dilations": [1, 2]}),
+    "stem": ((1, 3, 11, 13), (6, 3, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    "grouped": ((2, 12, 6, 5), (9, 4, 3, 1), {"group": 3, "pads": [1, 0, 1, 0]}),
+}
+
+
+def conv_model(x_shape, w_shape, attrs, fused=False, residual=False):
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    b = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    inputs = ["x", "w", "b"] + (["z"] if residual else [])
+    if fused:
+        node = helper.make_node("FusedConv", inputs, ["y"], domain=MS, activation="LeakyRelu",
+                                activation_params=[0.125], **attrs)
+    else:
+        node = helper.make_node("Conv", inputs[:3], ["y"], **attrs)
+    feeds = [tensor("x", ["N", x_shape[1], "H", "W"])] + ([tensor("z", None)] if residual else [])
+    return model_of([node], feeds, [tensor("y", None)], [("w", w), ("b", b)])
+
+
+def conv_kind(name):
+    uses_onednn = name in ("spatial", "stem") and kernels.onednn_unavailable() is None
+    return lib.PLAN_ONEDNN_CONV if uses_onednn else lib.PLAN_CONV
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+@pytest.mark.parametrize("fused", [False, True])
+def test_convolutions_run_in_the_step_table(name, fused):
+    x_shape, w_shape, attrs = CONVS[name]
+    model = conv_model(x_shape, w_shape, attrs, fused=fused)
+    feeds = {"x": RNG.standard_normal(x_shape).astype(np.float32)}
+    got, want, compiled, plan = run_both(model, feeds)
+    assert_identical(got, want)
+    assert [op[0] for op in compiled.ops] == [C]
+    assert step_kinds(compiled) == [conv_kind(name)]
+    if not fused:
+        assert_within_bound(plan, feeds, got)
+
+
+@pytest.mark.parametrize("name", ["pointwise", "spatial"])
+def test_a_fused_convolution_with_a_residual(name):
+    x_shape, w_shape, attrs = CONVS[name]
+    model = conv_model(x_shape, w_shape, attrs, fused=True, residual=True)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    y_shape = KERNELS[("", "Conv")](x, np.zeros(w_shape, np.float32), **attrs).shape
+    feeds = {"x": x, "z": RNG.standard_normal(y_shape).astype(np.float32)}
+    got, want, compiled, _ = run_both(model, feeds)
+    assert_identical(got, want)
+    assert step_kinds(compiled) == [conv_kind(name)]
+
+
+def test_convolutions_are_planned_again_for_each_input_shape():
+    x_shape, w_shape, attrs = CONVS["spatial"]
+    model = conv_model(x_shape, w_shape, attrs)
+    in_c, in_python = Plan(model, KERNELS, c_steps=C_STEPS), Plan(model, KERNELS)
+    shapes = [(2, 16, 7, 9), (1, 16, 10, 4), (3, 16, 5, 11)]
+    for shape in shapes + shapes[:1]:
+        feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+        for _ in range(3):
+            got = in_c.run(dict(feeds))
+        assert_identical(got, in_python.run(dict(feeds)))
+        assert [op[0] for op in program(in_c, feeds).ops] == [C]
+    assert len(in_c._programs) == 3
+
+
+def test_equal_filters_keep_the_convolution_in_python():
+    # _conv copies the channels of equal filters, as the reference does: not a conv2d call
+    w = np.repeat(RNG.standard_normal((1, 5, 3, 3)).astype(np.float32), 4, axis=0)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    model = model_of([node], [tensor("x", [2, 5, 6, 7])], [tensor("y", None)], [("w", w)])
+    feeds = {"x": RNG.standard_normal((2, 5, 6, 7)).astype(np.float32)}
+    got, want, compiled, _ = run_both(model, feeds)
+    assert_identical(got, want)
+    assert [op[0] for op in compiled.ops] == [PY]
+
+
+def test_global_average_pool():
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["y"])]
+    model = model_of(nodes, [tensor("x", ["N", 6, "H", "W"])], [tensor("y", None)])
+    for shape in [(2, 6, 5, 7), (3, 6, 1, 4)]:
+        feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+        got, want, compiled, plan = run_both(model, feeds)
+        assert_identical(got, want)
+        assert got[0].shape == shape[:2] + (1, 1)
+        assert step_kinds(compiled) == [lib.PLAN_REDUCE_LAST]
+        assert_within_bound(plan, feeds, got)
+
+
+# --- decoder kernels ----------------------------------------------------------------------
+def reference_outputs(model, feeds):
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+@pytest.mark.parametrize("op_type", [ROTARY, ROTARY_INTERLEAVED])
+def test_rotary_runs_in_the_step_table(op_type):
+    nodes = [helper.make_node(op_type, ["x", "cos", "sin"], ["y"], domain=FUSED_DOMAIN)]
+    model = model_of(nodes, [tensor("x", [2, 3, "S", 8]), tensor("cos", ["S", 8]),
+                             tensor("sin", ["S", 8])], [tensor("y", None)],
+                     functions=[rotary_function(op_type, 18)])
+    for seq in (5, 1):
+        angles = RNG.standard_normal((seq, 8)).astype(np.float32)
+        feeds = {"x": RNG.standard_normal((2, 3, seq, 8)).astype(np.float32),
+                 "cos": np.cos(angles), "sin": np.sin(angles)}
+        got, want, compiled, _ = run_both(model, feeds)
+        assert_identical(got, want)
+        assert step_kinds(compiled) == [lib.PLAN_ROTARY]
+        np.testing.assert_allclose(got[0], reference_outputs(model, feeds)[0], rtol=1e-6,
+                                   atol=1e-6)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_grouped_attention_runs_in_the_step_table(masked):
+    op_type = GROUPED_ATTENTION_MASKED if masked else GROUPED_ATTENTION
+    names = ["q", "k", "v", "kv_heads"] + (["mask"] if masked else [])
+    batch, heads, kv, head = 2, 6, 3, 4
+    node = helper.make_node(op_type, names, ["y"], domain=FUSED_DOMAIN, scale=0.375)
+    inputs = [tensor("q", [batch, heads, "S", head]), tensor("k", [batch, kv, "T", head]),
+              tensor("v", [batch, kv, "T", head + 1])]
+    if masked:
+        inputs.append(tensor("mask", [batch, 1, "S", "T"]))
+    table = (np.arange(heads) // (heads // kv)).astype(np.int64)
+    model = model_of([node], inputs, [tensor("y", None)], [("kv_heads", table)],
+                     functions=[grouped_attention_function(op_type, 18)])
+    for seq, total in ((3, 7), (1, 8)):
+        feeds = {"q": RNG.standard_normal((batch, heads, seq, head)).astype(np.float32),
+                 "k": RNG.standard_normal((batch, kv, total, head)).astype(np.float32),
+                 "v": RNG.standard_normal((batch, kv, total, head + 1)).astype(np.float32)}
+        if masked:
+            causal = np.arange(total)[None, :] <= np.arange(seq)[:, None] + total - seq
+            feeds["mask"] = np.broadcast_to(np.where(causal, 0, -np.inf),
+                                            (batch, 1, seq, total)).astype(np.float32)
+        got, want, compiled, _ = run_both(model, feeds)
+        assert_identical(got, want)
+        assert got[0].shape == (batch, seq, heads, head + 1)
+        assert step_kinds(compiled) == [lib.PLAN_GQA]
+        np.testing.assert_allclose(got[0], reference_outputs(model, feeds)[0], rtol=1e-5,
+                                   atol=1e-6)
