@@ -24,8 +24,14 @@ static void softmax_window(float *row, int64_t lo, int64_t hi, int64_t width,
     float m = -INFINITY;
     if (mask_row != NULL)
         for (int64_t j = lo; j < hi; ++j) row[j] += mask_row[j * mask_col_stride];
-    for (int64_t j = lo; j < hi; ++j)
-        if (row[j] > m || row[j] != row[j]) m = row[j];
+    int has_nan = 0; /* one NaN makes the row NaN; found apart so that both loops vectorise */
+    #pragma omp simd reduction(max : m) reduction(| : has_nan)
+    for (int64_t j = lo; j < hi; ++j) {
+        m = row[j] > m ? row[j] : m;
+        has_nan |= row[j] != row[j];
+    }
+    if (has_nan)
+        m = NAN;
     for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
     for (int64_t j = hi > lo ? hi : lo; j < width; ++j) row[j] = 0.0f;
     if (m == -INFINITY || hi <= lo) {
@@ -34,11 +40,11 @@ static void softmax_window(float *row, int64_t lo, int64_t hi, int64_t width,
         return;
     }
     float total = 0.0f;
-    for (int64_t j = lo; j < hi; ++j)
-        row[j] = vm_exp(row[j] - m);
     #pragma omp simd reduction(+ : total)
-    for (int64_t j = lo; j < hi; ++j)
+    for (int64_t j = lo; j < hi; ++j) {
+        row[j] = vm_exp(row[j] - m);
         total += row[j];
+    }
     float inv = 1.0f / total;
     for (int64_t j = lo; j < hi; ++j) row[j] *= inv;
 }
@@ -56,6 +62,76 @@ static void visible_keys(int64_t b, int64_t i, int64_t kv_len, const int64_t *kv
     if (window > 0 && pos - window + 1 > 0) start = pos - window + 1;
     *lo = start < end ? start : end;
     *hi = end;
+}
+
+/* What every unit of gqa_f32's work reads. */
+typedef struct {
+    const float *q, *k, *v, *mask;
+    float *y;
+    const int64_t *mask_strides, *kv_valid, *q_pos;
+    const int32_t *kv_head_of;
+    const int *run_first, *run_count;
+    int64_t qb_stride, qh_stride, qs_stride, blocks_per_run, window;
+    int heads, kv_heads, q_len, kv_len, head_size, v_head_size, runs, causal, empty_nan;
+    float scale;
+} gqa_work;
+
+/* Unit u: one batch's run of heads (decode) or one block of a head's query rows (prefill),
+ * its scores in `scores`. */
+static void attend_unit(const gqa_work *w, int64_t u, float *scores)
+{
+    int64_t b = u / (w->runs * w->blocks_per_run), rest = u % (w->runs * w->blocks_per_run);
+    int r = (int)(rest / w->blocks_per_run);
+    int64_t first = (rest % w->blocks_per_run) * GQA_ROWS_PER_BLOCK;
+    int h0 = w->run_first[r], kvh = w->kv_head_of[h0], q_len = w->q_len;
+    int head_size = w->head_size, v_head_size = w->v_head_size;
+    int64_t y_row = (int64_t)w->heads * v_head_size; /* y is (B, S, N, Hv) */
+    int rows, lda, ldc;
+    const float *qa;
+    float *out;
+    if (q_len == 1) { /* rows are the run's heads */
+        rows = w->run_count[r];
+        qa = w->q + b * w->qb_stride + h0 * w->qh_stride;
+        lda = (int)w->qh_stride;
+        out = w->y + (size_t)b * y_row + (size_t)h0 * v_head_size;
+        ldc = v_head_size;
+    } else { /* rows are a block of one head's queries */
+        rows = (int)(q_len - first < GQA_ROWS_PER_BLOCK ? q_len - first : GQA_ROWS_PER_BLOCK);
+        qa = w->q + b * w->qb_stride + h0 * w->qh_stride + first * w->qs_stride;
+        lda = (int)w->qs_stride;
+        out = w->y + ((size_t)b * q_len + first) * y_row + (size_t)h0 * v_head_size;
+        ldc = (int)y_row;
+    }
+    const float *kb = w->k + ((size_t)b * w->kv_heads + kvh) * w->kv_len * head_size;
+    const float *vb = w->v + ((size_t)b * w->kv_heads + kvh) * w->kv_len * v_head_size;
+    /* keys past the last one any row of the unit sees take no part */
+    int64_t used = 0;
+    for (int row = 0; row < rows; ++row) {
+        int64_t lo, hi, i = q_len == 1 ? 0 : first + row;
+        visible_keys(b, i, w->kv_len, w->kv_valid, w->q_pos, w->causal, w->window, &lo, &hi);
+        if (hi > used) used = hi;
+    }
+    if (used > 0 && head_size > 0)
+        gemm_block(0, 1, rows, (int)used, head_size, w->scale, qa, lda > 0 ? lda : 1, kb,
+                   head_size, 0.0f, scores, (int)used);
+    else
+        for (size_t j = 0; j < (size_t)rows * used; ++j) scores[j] = 0.0f;
+    for (int row = 0; row < rows; ++row) {
+        int64_t h = q_len == 1 ? h0 + row : h0, i = q_len == 1 ? 0 : first + row, lo, hi;
+        visible_keys(b, i, w->kv_len, w->kv_valid, w->q_pos, w->causal, w->window, &lo, &hi);
+        const float *mask_row = NULL;
+        const int64_t *ms = w->mask_strides;
+        if (w->mask != NULL)
+            mask_row = w->mask + b * ms[0] + h * ms[1] + i * ms[2];
+        softmax_window(scores + (size_t)row * used, lo, hi, used, mask_row,
+                       w->mask != NULL ? ms[3] : 0, w->empty_nan);
+    }
+    if (used > 0 && v_head_size > 0)
+        gemm_block(0, 0, rows, v_head_size, (int)used, 1.0f, scores, (int)used, vb,
+                   v_head_size, 0.0f, out, ldc);
+    else
+        for (int row = 0; row < rows; ++row)
+            for (int d = 0; d < v_head_size; ++d) out[(size_t)row * ldc + d] = 0.0f;
 }
 
 int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const float *v, float *y,
@@ -95,61 +171,12 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
         free(run_count);
         return -1;
     }
-    int64_t qb_stride = q_strides[0], qh_stride = q_strides[1], qs_stride = q_strides[2];
-    int64_t y_row = (int64_t)heads * v_head_size; /* y is (B, S, N, Hv) */
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t u = 0; u < units; ++u) {
-        int64_t b = u / (runs * blocks_per_run), rest = u % (runs * blocks_per_run);
-        int r = (int)(rest / blocks_per_run);
-        int64_t first = (rest % blocks_per_run) * GQA_ROWS_PER_BLOCK;
-        int h0 = run_first[r], kvh = kv_head_of[h0];
-        int rows, lda, ldc;
-        const float *qa;
-        float *out;
-        if (q_len == 1) { /* rows are the run's heads */
-            rows = run_count[r];
-            qa = q + b * qb_stride + h0 * qh_stride;
-            lda = (int)qh_stride;
-            out = y + (size_t)b * y_row + (size_t)h0 * v_head_size;
-            ldc = v_head_size;
-        } else { /* rows are a block of one head's queries */
-            rows = (int)(q_len - first < GQA_ROWS_PER_BLOCK ? q_len - first : GQA_ROWS_PER_BLOCK);
-            qa = q + b * qb_stride + h0 * qh_stride + first * qs_stride;
-            lda = (int)qs_stride;
-            out = y + ((size_t)b * q_len + first) * y_row + (size_t)h0 * v_head_size;
-            ldc = (int)y_row;
-        }
-        const float *kb = k + ((size_t)b * kv_heads + kvh) * kv_len * head_size;
-        const float *vb = v + ((size_t)b * kv_heads + kvh) * kv_len * v_head_size;
-        float *scores = scratch + per_thread * omp_get_thread_num();
-        /* keys past the last one any row of the unit sees take no part */
-        int64_t used = 0;
-        for (int row = 0; row < rows; ++row) {
-            int64_t lo, hi, i = q_len == 1 ? 0 : first + row;
-            visible_keys(b, i, kv_len, kv_valid, q_pos, causal, window, &lo, &hi);
-            if (hi > used) used = hi;
-        }
-        if (used > 0 && head_size > 0)
-            gemm_block(0, 1, rows, (int)used, head_size, scale, qa, lda > 0 ? lda : 1, kb,
-                       head_size, 0.0f, scores, (int)used);
-        else
-            for (size_t j = 0; j < (size_t)rows * used; ++j) scores[j] = 0.0f;
-        for (int row = 0; row < rows; ++row) {
-            int64_t h = q_len == 1 ? h0 + row : h0, i = q_len == 1 ? 0 : first + row, lo, hi;
-            visible_keys(b, i, kv_len, kv_valid, q_pos, causal, window, &lo, &hi);
-            const float *mask_row = NULL;
-            if (mask != NULL)
-                mask_row = mask + b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2];
-            softmax_window(scores + (size_t)row * used, lo, hi, used, mask_row,
-                           mask != NULL ? mask_strides[3] : 0, empty_nan);
-        }
-        if (used > 0 && v_head_size > 0)
-            gemm_block(0, 0, rows, v_head_size, (int)used, 1.0f, scores, (int)used, vb,
-                       v_head_size, 0.0f, out, ldc);
-        else
-            for (int row = 0; row < rows; ++row)
-                for (int d = 0; d < v_head_size; ++d) out[(size_t)row * ldc + d] = 0.0f;
-    }
+    gqa_work w = {q, k, v, mask, y, mask_strides, kv_valid, q_pos, kv_head_of, run_first,
+                  run_count, q_strides[0], q_strides[1], q_strides[2], blocks_per_run, window,
+                  heads, kv_heads, q_len, kv_len, head_size, v_head_size, runs, causal,
+                  empty_nan, scale};
+    PARALLEL_FOR(threads, for (int64_t u = 0; u < units; ++u)
+        attend_unit(&w, u, scratch + per_thread * omp_get_thread_num()););
     free(scratch);
     free(run_first);
     free(run_count);

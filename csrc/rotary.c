@@ -39,8 +39,7 @@ void rotary_f32(const float *x, const float *cos, const float *sin, float *y, in
                 int full_width, int interleaved)
 {
     int64_t rows = d0 * d1 * d2, half = rot / 2;
-    #pragma omp parallel for num_threads(threads_for((size_t)rows * head)) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+    PARALLEL_FOR(threads_for((size_t)rows * head), for (int64_t r = 0; r < rows; ++r) {
         int64_t i0 = r / (d1 * d2), i1 = (r / d2) % d1, i2 = r % d2;
         int64_t at = i0 * cos_strides[0] + i1 * cos_strides[1] + i2 * cos_strides[2];
         const float *xr = x + r * head;
@@ -51,5 +50,5 @@ void rotary_f32(const float *x, const float *cos, const float *sin, float *y, in
             rotate_halves(xr, cos + at, sin + at, yr, half, full_width);
         if (yr != xr)
             for (int64_t j = 2 * half; j < head; ++j) yr[j] = xr[j];
-    }
+    });
 }
