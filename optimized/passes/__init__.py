@@ -22,6 +22,7 @@ from .gelu_fusion import fuse_gelu
 from .gqa_fusion import fuse_grouped_attention
 from .identity_elimination import eliminate_identities
 from .initializer_inputs import freeze_initializer_inputs
+from .large_fill_folding import fold_large_fills
 from .layer_norm_fusion import fuse_layer_norm
 from .matmul_add_to_gemm import matmul_add_to_gemm
 from .qdq_matmul_nbits import fuse_dequantize_matmul
@@ -33,7 +34,8 @@ from .silu_mlp_fusion import fuse_silu_mlp
 class Pass(NamedTuple):
     name: str
     level: int
-    function: Callable[[onnx.ModelProto], onnx.ModelProto]
+    function: Callable[..., onnx.ModelProto]
+    uses_store: bool = False  # called with the session's WeightStore (or None) as well
 
 
 # in the order they run; the transformer fusions go before the generic ones, which would
@@ -43,6 +45,7 @@ PASSES: list[Pass] = [
     # before constant folding, which would turn the quantized weights into float ones
     Pass("qdq_matmul_nbits", 1, fuse_dequantize_matmul),
     Pass("constant_folding", 1, fold_constants),
+    Pass("large_fill_folding", 1, fold_large_fills, uses_store=True),
     Pass("identity_elimination", 1, eliminate_identities),
     Pass("cse", 1, eliminate_common_subexpressions),
     Pass("dead_code", 1, eliminate_dead_code),
@@ -72,7 +75,7 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
         raise ValueError(f"optimization level must be an int >= 0, got {level!r}")
     for p in PASSES:
         if p.level <= level:
-            model = p.function(model)
+            model = p.function(model, store) if p.uses_store else p.function(model)
             if store is not None:
                 detach_initializers(model, store)
                 store.retain(model)

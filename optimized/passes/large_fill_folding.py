@@ -1,0 +1,94 @@
+"""Large constant fills folded into a session's weight store.
+
+Constant folding leaves a ConstantOfShape whose fill is larger than its size limit as a node,
+so that a model saved by `optimize` does not grow by the fill. In a session that node ran on
+every run: light_vgg19's 25088x4096 and 4096x4096 Gemm weights are such fills (480 MB made per
+run), and the Gemms read weights that were no constants. Here, when a WeightStore holds the
+session's weights, the fill is made once, straight into the store (no TensorProto copy of it
+is ever made), and the node becomes a stub initializer that every later pass and the plan read
+as a constant. Without a store the model is returned unchanged.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from reference.dtypes import np_dtype
+from reference.weights import WeightStore
+
+from ._graph import Constants, copy_model, graph_output_names, set_nodes
+
+# a fill this large is made once per session instead of on every run (constant folding's own
+# limit decides the smaller ones)
+MIN_FILL_ELEMENTS = 1 << 22
+# a fill past this stays a node: one that large is more likely a mistake than weights, and the
+# run reports what it cannot allocate, naming the node
+MAX_FILL_BYTES = 1 << 33
+
+
+def fold_large_fills(model: onnx.ModelProto, store: WeightStore | None = None
+                     ) -> onnx.ModelProto:
+    if store is None:
+        return model
+    fills = {}
+    constants = Constants(model.graph)
+    outputs = graph_output_names(model.graph)
+    for i, node in enumerate(model.graph.node):
+        fill = _fill(node, constants, outputs)
+        if fill is not None:
+            fills[i] = fill
+    if not fills:
+        return model
+    model = copy_model(model)
+    graph = model.graph
+    for i in sorted(fills):
+        shape, value, data_type = fills[i]
+        name = graph.node[i].output[0]
+        tensor = TensorProto(name=name, data_type=data_type, dims=shape)
+        store.stub(tensor, np.full(shape, value, value.dtype))
+        graph.initializer.append(tensor)
+    # before IR 4 every initializer also had to be a graph input
+    model.ir_version = max(model.ir_version, 4)
+    set_nodes(graph, [n for i, n in enumerate(graph.node) if i not in fills])
+    return model
+
+
+def _fill(node, constants: Constants, outputs: set[str]):
+    """(shape, one-element value) of a large ConstantOfShape over a constant shape, else None."""
+    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
+        return None
+    if len(node.output) != 1 or not node.output[0] or node.output[0] in outputs:
+        return None
+    if not node.input or not node.input[0] or node.input[0] not in constants:
+        return None
+    shape = constants.get(node.input[0])
+    if shape.ndim != 1 or shape.dtype != np.int64 or np.any(shape < 0):
+        return None  # the run reports a bad shape, naming the node
+    shape = [int(d) for d in shape]
+    value, data_type = _value(node)
+    if value is None or math.prod(shape) < MIN_FILL_ELEMENTS:
+        return None
+    if math.prod(shape) * value.dtype.itemsize > MAX_FILL_BYTES:
+        return None
+    return shape, value, data_type
+
+
+def _value(node):
+    """(the fill value as a 0-d array, its tensor type): float32 0 by default; (None, None)
+    for a value the run should judge (not one element, or not held as its own type)."""
+    for a in node.attribute:
+        if a.name == "value":
+            if a.type != onnx.AttributeProto.TENSOR or a.t.data_type == TensorProto.STRING:
+                return None, None
+            try:
+                value = numpy_helper.to_array(a.t)
+                same_type = value.dtype == np_dtype(a.t.data_type)
+            except (TypeError, ValueError, KeyError):
+                return None, None
+            if value.size != 1 or not same_type:
+                return None, None
+            return value.reshape(()), a.t.data_type
+    return np.zeros((), np.float32), TensorProto.FLOAT
