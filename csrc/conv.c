@@ -55,42 +55,6 @@ static int is_pointwise(const struct conv_geometry *g)
            g->pad_top == 0 && g->pad_left == 0 && g->out_h == g->in_h && g->out_w == g->in_w;
 }
 
-/* y[i] += a * x[i * stride]; restrict lets the compiler vectorise the stride-1 loop. */
-static inline void axpy(float *restrict y, const float *restrict x, int64_t stride, float a,
-                        int64_t n)
-{
-    if (stride == 1)
-        for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-    else
-        for (int64_t i = 0; i < n; ++i) y[i] += a * x[i * stride];
-}
-
-/* One output plane of a depthwise convolution: tap by tap over whole output rows, so the inner
- * loop runs along x and vectorises.  `inside` holds, per kernel column, the output columns
- * that read inside the input. */
-VECTOR_CLONES
-static void depthwise_plane(const float *xc, const float *wc, float *yc,
-                            const struct conv_geometry *g, const int64_t *inside)
-{
-    for (int64_t oy = 0; oy < g->out_h; ++oy) {
-        int64_t y0 = oy * g->stride_h - g->pad_top, fy, ly;
-        taps_inside(y0, g->k_h, g->dil_h, 0, g->in_h, &fy, &ly);
-        float *yrow = yc + (size_t)oy * g->out_w;
-        for (int64_t ox = 0; ox < g->out_w; ++ox) yrow[ox] = 0.0f;
-        for (int64_t ky = fy; ky < ly; ++ky) {
-            const float *row = xc + (size_t)(y0 + ky * g->dil_h) * g->in_w;
-            for (int64_t kx = 0; kx < g->k_w; ++kx) {
-                int64_t x0 = kx * g->dil_w - g->pad_left, lo = inside[2 * kx], hi = inside[2 * kx + 1];
-                if (hi > lo)
-                    axpy(yrow + lo, row + lo * g->stride_w + x0, g->stride_w,
-                         wc[ky * g->k_w + kx], hi - lo);
-            }
-        }
-    }
-}
-
-/* A 3x3 depthwise plane from a zero-padded copy of its input (rows pw wide): every output
- * takes its 9 taps in one pass, so the loop over x carries 9 multiply-adds per element. */
 /* One output row of a 3x3 depthwise tap set, stride 1 and no dilation.  restrict parameters
  * (GCC ignores restrict on block-scope pointers): otherwise it versions the loop on a
  * run-time alias check and runs the scalar copy. */
@@ -162,27 +126,116 @@ static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int6
     return 0;
 }
 
-/* One input channel per group (depthwise, out_c / group outputs per channel): a direct loop
- * per output plane, parallel over planes; im2col would feed BLAS one tiny GEMV per channel. */
-static int conv_depthwise(const float *x, const struct conv_geometry *g, int64_t batch,
-                          int64_t group, const float *w, int64_t out_c, float *y)
+/* acc[i] (+)= sum of w[t] * src[t][i] over 1 to 4 taps, i in [0, n).  restrict parameters so
+ * that GCC vectorises without a run-time alias check. */
+static inline void taps4(float *restrict acc, const float *restrict s0, const float *restrict s1,
+                         const float *restrict s2, const float *restrict s3, const float *w,
+                         int count, int first, int64_t n)
+{
+    const float w0 = w[0], w1 = count > 1 ? w[1] : 0.0f, w2 = count > 2 ? w[2] : 0.0f,
+                w3 = count > 3 ? w[3] : 0.0f;
+    if (count == 4 && first)
+        for (int64_t i = 0; i < n; ++i) acc[i] = w0 * s0[i] + w1 * s1[i] + w2 * s2[i] + w3 * s3[i];
+    else if (count == 4)
+        for (int64_t i = 0; i < n; ++i) acc[i] += w0 * s0[i] + w1 * s1[i] + w2 * s2[i] + w3 * s3[i];
+    else if (first)
+        for (int64_t i = 0; i < n; ++i) acc[i] = w0 * s0[i];
+    else
+        for (int64_t i = 0; i < n; ++i) acc[i] += w0 * s0[i];
+}
+
+/* Geometry of a depthwise plane laid out by phase: the zero-padded input plane (ph x pw) split
+ * into stride_h x stride_w phase planes of qh x qw, phase (py, px) holding padded[r * sh + py]
+ * [c * sw + px].  Tap (ky, kx) of output (oy, ox) reads padded[oy sh + ky dh][ox sw + kx dw],
+ * which is phase ((ky dh) % sh, (kx dw) % sw) at [oy + ky dh / sh][ox + kx dw / sw]: so over
+ * a "wide" output of out_h rows qw long (qw - out_w junk columns per row), every tap is one
+ * contiguous run of the phase plane at a fixed offset. */
+struct phased {
+    int64_t qh, qw, plane, size; /* size: all phases plus the tail the last junk columns read */
+};
+
+static struct phased phased_layout(const struct conv_geometry *g)
+{
+    int64_t ph = (g->out_h - 1) * g->stride_h + (g->k_h - 1) * g->dil_h + 1;
+    int64_t pw = (g->out_w - 1) * g->stride_w + (g->k_w - 1) * g->dil_w + 1;
+    if (ph < g->in_h + g->pad_top) ph = g->in_h + g->pad_top;
+    if (pw < g->in_w + g->pad_left) pw = g->in_w + g->pad_left;
+    struct phased p;
+    p.qh = (ph + g->stride_h - 1) / g->stride_h;
+    p.qw = (pw + g->stride_w - 1) / g->stride_w;
+    p.plane = p.qh * p.qw;
+    p.size = g->stride_h * g->stride_w * p.plane + ((g->k_w - 1) * g->dil_w) / g->stride_w + 1;
+    return p;
+}
+
+/* One depthwise output plane through the phase layout: buf (p->size floats) and wide
+ * (out_h * qw floats) are the calling thread's scratch. */
+VECTOR_CLONES
+static void depthwise_phased_plane(const float *xc, const float *wc, float *yc,
+                                   const struct conv_geometry *g, const struct phased *p,
+                                   float *buf, float *wide)
+{
+    int64_t sh = g->stride_h, sw = g->stride_w;
+    memset(buf, 0, sizeof(float) * (size_t)p->size);
+    for (int64_t iy = 0; iy < g->in_h; ++iy) {
+        int64_t py = iy + g->pad_top;
+        const float *xrow = xc + (size_t)iy * g->in_w;
+        float *row = buf + ((py % sh) * sw * p->qh + py / sh) * p->qw;
+        if (sw == 1) {
+            memcpy(row + g->pad_left, xrow, sizeof(float) * (size_t)g->in_w);
+            continue;
+        }
+        for (int64_t phase = 0; phase < sw; ++phase) {
+            /* the input columns of this phase: ix + pad_left = c * sw + phase */
+            int64_t first = ((phase - g->pad_left) % sw + sw) % sw;
+            float *dst = row + phase * p->plane + (first + g->pad_left) / sw;
+            for (int64_t ix = first, c = 0; ix < g->in_w; ix += sw, ++c)
+                dst[c] = xrow[ix];
+        }
+    }
+    int64_t taps = g->k_h * g->k_w, n = g->out_h * p->qw;
+    const float *src[4];
+    for (int64_t t = 0; t < taps; t += 4) {
+        int count = taps - t < 4 ? (int)(taps - t) : 4;
+        for (int k = 0; k < 4; ++k) {
+            int64_t tap = t + (k < count ? k : 0), dy = (tap / g->k_w) * g->dil_h,
+                    dx = (tap % g->k_w) * g->dil_w;
+            src[k] = buf + ((dy % sh) * sw + dx % sw) * p->plane + (dy / sh) * p->qw + dx / sw;
+        }
+        if (count == 4)
+            taps4(wide, src[0], src[1], src[2], src[3], wc + t, 4, t == 0, n);
+        else
+            for (int k = 0; k < count; ++k)
+                taps4(wide, src[k], src[k], src[k], src[k], wc + t + k, 1, t == 0 && k == 0, n);
+    }
+    for (int64_t oy = 0; oy < g->out_h; ++oy)
+        memcpy(yc + (size_t)oy * g->out_w, wide + (size_t)oy * p->qw,
+               sizeof(float) * (size_t)g->out_w);
+}
+
+/* Depthwise convolution of any kernel size, stride and dilation through the phase layout,
+ * parallel over planes. */
+static int conv_depthwise_phased(const float *x, const struct conv_geometry *g, int64_t batch,
+                                 int64_t group, const float *w, int64_t out_c, float *y)
 {
     int64_t per_channel = out_c / group, taps = g->k_h * g->k_w;
-    int64_t *inside = malloc(sizeof(int64_t) * 2 * (size_t)g->k_w);
-    if (inside == NULL)
-        return -1;
-    for (int64_t kx = 0; kx < g->k_w; ++kx)
-        inside_range(kx * g->dil_w - g->pad_left, g->stride_w, g->in_w, g->out_w,
-                     &inside[2 * kx], &inside[2 * kx + 1]);
+    struct phased p = phased_layout(g);
     size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
+    size_t scratch_floats = (size_t)p.size + (size_t)g->out_h * p.qw;
     int64_t planes = (int64_t)batch * out_c;
-    #pragma omp parallel for num_threads(threads_for((size_t)planes * plane * taps)) schedule(static)
-    for (int64_t p = 0; p < planes; ++p) {
-        int64_t b = p / out_c, oc = p % out_c;
-        depthwise_plane(x + ((size_t)b * group + (size_t)(oc / per_channel)) * in_plane,
-                        w + (size_t)oc * taps, y + (size_t)p * plane, g, inside);
+    int threads = threads_for((size_t)planes * plane * taps);
+    float *scratch = malloc(sizeof(float) * scratch_floats * threads);
+    if (scratch == NULL)
+        return -1;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t q = 0; q < planes; ++q) {
+        int64_t b = q / out_c, oc = q % out_c;
+        float *buf = scratch + scratch_floats * omp_get_thread_num();
+        depthwise_phased_plane(x + ((size_t)b * group + (size_t)(oc / per_channel)) * in_plane,
+                               w + (size_t)oc * taps, y + (size_t)q * plane, g, &p, buf,
+                               buf + p.size);
     }
-    free(inside);
+    free(scratch);
     return 0;
 }
 
@@ -354,7 +407,7 @@ int conv2d_f32(const float *x, int64_t batch, int64_t in_c, int64_t in_h, int64_
         if (conv_depthwise3x3(x, &g, batch, group, w, out_c, y) != 0)
             return -1;
     } else if (g.channels == 1 && group > 1) {
-        if (conv_depthwise(x, &g, batch, group, w, out_c, y) != 0)
+        if (conv_depthwise_phased(x, &g, batch, group, w, out_c, y) != 0)
             return -1;
     } else if (depth == 0) {
         memset(y, 0, sizeof(float) * (size_t)batch * out_c * plane);

@@ -59,6 +59,28 @@ static void gelu_tanh(float *y, size_t n)
         y[i] = vm_gelu_tanh(y[i]);
 }
 
+/* Comparisons that are false for NaN, so NaN propagates as in the reference's np.clip. */
+static inline float unit_clamp(float v)
+{
+    return (v < 0.0f) ? 0.0f : (v > 1.0f) ? 1.0f : v;
+}
+
+VECTOR_CLONES
+static void hard_sigmoid(float *y, size_t n, float alpha, float beta)
+{
+    for (size_t i = 0; i < n; ++i)
+        y[i] = unit_clamp(alpha * y[i] + beta);
+}
+
+/* x * clamp(x / 6 + 1/2): the division as the reference writes it (x * (1/6) rounds
+ * differently), so results agree to the ulp the product allows. */
+VECTOR_CLONES
+static void hard_swish(float *y, size_t n)
+{
+    for (size_t i = 0; i < n; ++i)
+        y[i] = y[i] * unit_clamp(y[i] / 6.0f + 0.5f);
+}
+
 VECTOR_CLONES
 void activate_inplace(float *y, size_t n, int act, float alpha, float beta)
 {
@@ -70,6 +92,8 @@ void activate_inplace(float *y, size_t n, int act, float alpha, float beta)
     case ACT_CLIP: clip(y, n, alpha, beta); break;
     case ACT_GELU: gelu_erf(y, n); break;
     case ACT_GELU_TANH: gelu_tanh(y, n); break;
+    case ACT_HARD_SIGMOID: hard_sigmoid(y, n, alpha, beta); break;
+    case ACT_HARD_SWISH: hard_swish(y, n); break;
     default: break;
     }
 }

@@ -17,7 +17,9 @@ enum kernel_activation {
     ACT_TANH = 4,
     ACT_CLIP = 5,       /* alpha: min, beta: max */
     ACT_GELU = 6,       /* erf form */
-    ACT_GELU_TANH = 7   /* tanh approximation */
+    ACT_GELU_TANH = 7,  /* tanh approximation */
+    ACT_HARD_SIGMOID = 8, /* max(0, min(1, alpha * x + beta)) */
+    ACT_HARD_SWISH = 9    /* x * HardSigmoid(x) with alpha 1/6, beta 0.5 */
 };
 
 enum kernel_binary_op { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_MAX = 4, BIN_MIN = 5 };

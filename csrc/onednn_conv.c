@@ -242,7 +242,7 @@ static onednn_conv *create_locked(const int64_t *geometry, const float *w, const
     CHECK(dnnl.dnnl_post_ops_create(&ops), "post-ops");
     if (has_residual)
         CHECK(dnnl.dnnl_post_ops_append_sum(ops, 1.0f, 0, dnnl_data_type_undef), "sum post-op");
-    if (act < ACT_NONE || act > ACT_GELU_TANH) {
+    if (act < ACT_NONE || act > ACT_HARD_SWISH) {
         snprintf(last_error, sizeof last_error, "unknown activation code %d", act);
         goto fail;
     }

@@ -84,6 +84,8 @@ ACTIVATIONS = {
     "Clip": (lib.ACT_CLIP, (-math.inf, math.inf)),
     "Gelu": (lib.ACT_GELU, ()),
     "GeluTanh": (lib.ACT_GELU_TANH, ()),
+    "HardSigmoid": (lib.ACT_HARD_SIGMOID, (0.2, 0.5)),
+    "HardSwish": (lib.ACT_HARD_SWISH, ()),
 }
 
 BINARY_OPS = {
