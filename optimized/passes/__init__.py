@@ -10,6 +10,7 @@ import onnx
 
 from reference.weights import WeightStore, detach_initializers
 
+from ._graph import shared_inference
 from .attention_fusion import fuse_attention
 from .batchnorm_to_affine import batchnorm_to_affine
 from .constant_folding import fold_constants
@@ -73,12 +74,14 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
         raise TypeError(f"optimize expects an onnx.ModelProto, got {type(model).__name__}")
     if not isinstance(level, int) or level < 0:
         raise ValueError(f"optimization level must be an int >= 0, got {level!r}")
-    for p in PASSES:
-        if p.level <= level:
-            model = p.function(model, store) if p.uses_store else p.function(model)
-            if store is not None:
-                detach_initializers(model, store)
-                store.retain(model)
+    with shared_inference():
+        for p in PASSES:
+            if p.level <= level:
+                rewritten = p.function(model, store) if p.uses_store else p.function(model)
+                unchanged, model = rewritten is model, rewritten
+                if store is not None and not unchanged:
+                    detach_initializers(model, store)
+                    store.retain(model)
     return model
 
 

@@ -2,6 +2,11 @@
 values and splicing nodes, all on the main graph of a ModelProto."""
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
@@ -175,19 +180,29 @@ def attr(node, name, default=None):
     return default
 
 
-def add_initializer(graph, base: str, array: np.ndarray) -> str:
-    name = unique_name(graph, base)
+def add_initializer(graph, base: str, array: np.ndarray, taken: set[str] | None = None) -> str:
+    name = unique_name(graph, base, taken)
     graph.initializer.append(numpy_helper.from_array(array, name))
     return name
 
 
-def unique_name(graph, base: str) -> str:
+def taken_names(graph) -> set[str]:
+    """The names of the graph's initializers, inputs and node outputs."""
     taken = {i.name for i in graph.initializer} | {i.name for i in graph.input}
-    taken |= {o for n in graph.node for o in n.output}
+    taken.update(o for n in graph.node for o in n.output)
+    return taken
+
+
+def unique_name(graph, base: str, taken: set[str] | None = None) -> str:
+    """`base`, or `base_k`, unused in the graph. A pass that names many values passes the
+    `taken_names` it made once (gathering them is O(graph) per call); the new name joins it."""
+    if taken is None:
+        taken = taken_names(graph)
     name, k = base, 0
     while name in taken:
         k += 1
         name = f"{base}_{k}"
+    taken.add(name)
     return name
 
 
@@ -248,26 +263,26 @@ class Shapes:
 
     def __init__(self, model, data_prop: bool = False):
         # data_prop: shapes computed in the graph (Shape, Gather, Concat) are followed too
-        try:
-            inferred = onnx.shape_inference.infer_shapes(_without_weights(model),
-                                                         data_prop=data_prop)
-        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
-            inferred = model  # passes that need a shape then find none and leave the node
-        g = inferred.graph
-        self.infos = {v.name: v.type for v in list(g.value_info) + list(g.input) + list(g.output)}
-        for init in model.graph.initializer:
-            self.infos.setdefault(init.name, helper.make_tensor_type_proto(
-                init.data_type, list(init.dims)))
+        self.infos = dict(_inferred_types(model, data_prop))
+        # an initializer's own type and shape where inference names none (built on first use)
+        self._initializers = {i.name: (i.data_type, list(i.dims)) for i in model.graph.initializer
+                              if i.name not in self.infos}
+
+    def _type(self, name):
+        tp = self.infos.get(name)
+        if tp is None and name in self._initializers:
+            tp = self.infos[name] = helper.make_tensor_type_proto(*self._initializers.pop(name))
+        return tp
 
     def elem_type(self, name):
-        tp = self.infos.get(name)
+        tp = self._type(name)
         if tp is None or tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.elem_type:
             return None
         return tp.tensor_type.elem_type
 
     def shape(self, name):
         """List of ints / dim_param strings / None per axis, or None if the rank is unknown."""
-        tp = self.infos.get(name)
+        tp = self._type(name)
         if tp is None or tp.WhichOneof("value") != "tensor_type":
             return None
         tt = tp.tensor_type
@@ -296,16 +311,53 @@ class Shapes:
 # shape inference reads the values of small constants only (shapes, axes), so the weights
 # can stay behind when the graph is copied for it
 SMALL_CONSTANT = 1024
+# inside shared_inference(): the types inference found for the last few light models, by
+# their bytes (the passes of one optimize() each ask for the shapes of a graph that most of
+# them leave as it was)
+_INFERRED: ContextVar[OrderedDict | None] = ContextVar("inferred_types", default=None)
+_INFERRED_KEPT = 4
+
+
+@contextmanager
+def shared_inference():
+    """Shapes made inside share one shape inference per graph they see alike."""
+    token = _INFERRED.set(OrderedDict())
+    try:
+        yield
+    finally:
+        _INFERRED.reset(token)
+
+
+def _inferred_types(model, data_prop: bool) -> dict:
+    """Value name -> TypeProto from onnx shape inference (read-only: it may be shared)."""
+    light = _without_weights(model).SerializeToString()
+    key, cache = (light, data_prop), _INFERRED.get()
+    if cache is not None and key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    try:
+        g = onnx.shape_inference.infer_shapes(light, data_prop=data_prop).graph
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        g = model.graph  # passes that need a shape then find none and leave the node
+        return {v.name: v.type for v in list(g.value_info) + list(g.input) + list(g.output)}
+    types = {v.name: v.type for v in list(g.value_info) + list(g.input) + list(g.output)}
+    if cache is not None:
+        cache[key] = types
+        while len(cache) > _INFERRED_KEPT:
+            cache.popitem(last=False)
+    return types
 
 
 def _without_weights(model):
     """A copy of the model for shape inference, with its large initializers as typed inputs."""
     graph = model.graph
-    small = [i for i in graph.initializer if np.prod(i.dims, dtype=np.int64) <= SMALL_CONSTANT]
+    small, weights = [], []
     declared = {i.name for i in graph.input}
-    weights = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
-               for i in graph.initializer
-               if np.prod(i.dims, dtype=np.int64) > SMALL_CONSTANT and i.name not in declared]
+    for i in graph.initializer:
+        if math.prod(i.dims) <= SMALL_CONSTANT:
+            small.append(i)
+        elif i.name not in declared:
+            weights.append(helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)))
     opset = opset_version(model)
     nodes = [stand_in for node in graph.node for stand_in in _shape_stand_ins(node, opset)]
     light_graph = helper.make_graph(nodes, graph.name, list(graph.input) + weights,

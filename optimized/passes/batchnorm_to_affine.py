@@ -18,6 +18,7 @@ from ._graph import (
     opset_version,
     set_nodes,
     splice,
+    taken_names,
 )
 
 
@@ -29,7 +30,7 @@ def batchnorm_to_affine(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = opset_version(model)
     if opset < 7:  # Mul and Add broadcast numpy's way only from opset 7
         return model
-    nodes = list(graph.node)
+    nodes, taken = list(graph.node), taken_names(graph)
     for bn in list(nodes):
         if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
             continue
@@ -39,7 +40,7 @@ def batchnorm_to_affine(model: onnx.ModelProto) -> onnx.ModelProto:
         affine = _affine(bn, constants, shapes.rank(bn.input[0]))
         if affine is None:
             continue
-        scale, shift = (add_initializer(graph, f"{bn.output[0]}_{kind}", v)
+        scale, shift = (add_initializer(graph, f"{bn.output[0]}_{kind}", v, taken)
                         for kind, v in zip(("bn_scale", "bn_shift"), affine))
         scaled = f"{bn.output[0]}_bn_scaled"
         new = [helper.make_node("Mul", [bn.input[0], scale], [scaled], name=f"{bn.name}_scale"),

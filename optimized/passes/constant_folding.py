@@ -18,6 +18,8 @@ RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUnifor
               "Multinomial", "Bernoulli", "Dropout"}
 # a folded result bigger than this would bloat the saved model more than it saves at run time
 MAX_FOLDED_ELEMENTS = 1 << 22
+# nodes whose inputs hold at most this many elements in all are evaluated together
+BATCHED = 1024
 
 
 def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMENTS
@@ -26,40 +28,82 @@ def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMEN
     graph = model.graph
     constants = Constants(graph)
     outputs = graph_output_names(graph)
-    kept = []
-    for node in graph.node:
-        folded = _fold(model, node, constants, outputs, max_elements)
-        if folded is None:
-            kept.append(node)
-            continue
-        for name, value in zip(node.output, folded):
-            tensor = numpy_helper.from_array(value, name)
-            graph.initializer.append(tensor)
-            constants.tensors[name] = tensor
-    if len(kept) < len(graph.node) and model.ir_version < 4:
+    nodes = list(graph.node)
+    # nodes are evaluated in waves, each wave in one model: those whose inputs are constants
+    # that no undecided node makes. A node folds as it would node by node in graph order.
+    undecided = [i for i, node in enumerate(nodes) if _may_fold(node, outputs)]
+    folded: dict[int, list] = {}
+    while True:
+        made = {name for i in undecided for name in nodes[i].output}
+        wave = [i for i in undecided if all(name in constants and name not in made
+                                            for name in nodes[i].input if name)]
+        if not wave:
+            break
+        taken = set(wave)
+        undecided = [i for i in undecided if i not in taken]
+        values = {i: _input_values(nodes[i], constants, max_elements) for i in wave}
+        wave = [i for i in wave if values[i] is not None]
+        together = _evaluate_small(model, [(nodes[i], values[i]) for i in wave])
+        for k, i in enumerate(wave):
+            arrays = together[k] if k in together else _evaluate_one(model, nodes[i], values[i])
+            arrays = _kept(nodes[i], arrays, max_elements)
+            if arrays is None:
+                continue
+            folded[i] = [numpy_helper.from_array(value, name)
+                         for name, value in zip(nodes[i].output, arrays)]
+            constants.tensors.update((t.name, t) for t in folded[i])
+    graph.initializer.extend(t for i in sorted(folded) for t in folded[i])
+    if folded and model.ir_version < 4:
         model.ir_version = 4  # before IR 4 every initializer also had to be a graph input
-    set_nodes(graph, kept)
+    set_nodes(graph, [node for i, node in enumerate(nodes) if i not in folded])
     return model
 
 
-def _fold(model, node, constants, outputs, max_elements):
-    """The node's output values, or None where it must stay a node."""
+def _may_fold(node, outputs) -> bool:
+    """What a node's inputs do not decide: it is no random op, holds no subgraph, makes no
+    graph output and names each output."""
     if node.op_type in RANDOM_OPS or any(True for _ in subgraphs(node)):
-        return None
+        return False
     if any(o in outputs for o in node.output) or not all(node.output):
-        return None
-    if not node.input and node.op_type != "Constant":
-        return None
-    if not all(name in constants for name in node.input if name):
-        return None
+        return False
+    return bool(node.input) or node.op_type == "Constant"
+
+
+def _input_values(node, constants, max_elements):
+    """The node's constant inputs by name, or None when they are too large to fold."""
     values = {name: constants.get(name) for name in node.input if name}
     if sum(v.size for v in values.values()) > max_elements:
         return None
     if node.op_type == "ConstantOfShape" and _filled_elements(values, node) > max_elements:
         return None  # not even made once: a large fill would only be dropped again
+    return values
+
+
+def _evaluate_small(model, wave) -> dict:
+    """Output arrays by position in `wave` (node, input values) of the nodes with small
+    inputs (shape arithmetic, where making a model per node costs most), run as one model;
+    empty if that fails (node by node then names the node, or raises as it would)."""
+    small = [k for k, (_, vs) in enumerate(wave) if sum(v.size for v in vs.values()) <= BATCHED]
+    if len(small) < 2:
+        return {}
+    inputs = {name: v for k in small for name, v in wave[k][1].items()}
     try:
-        arrays = [np.asarray(r) for r in _evaluate(model, node, values)]
-    except (ReferenceError_, TypeError, ValueError):  # the run reports it, naming the node
+        arrays = iter(_evaluate(model, [wave[k][0] for k in small], inputs))
+        return {k: [np.asarray(next(arrays)) for _ in wave[k][0].output] for k in small}
+    except Exception:  # noqa: BLE001 (see above)
+        return {}
+
+
+def _evaluate_one(model, node, values):
+    try:
+        return [np.asarray(r) for r in _evaluate(model, [node], values)]
+    except (ReferenceError_, TypeError, ValueError):
+        return None
+
+
+def _kept(node, arrays, max_elements):
+    """The node's output values, or None where it must stay a node."""
+    if arrays is None:
         return None
     if node.op_type != "Constant" and sum(a.size for a in arrays) > max_elements:
         return None  # checked before any TensorProto copy of a large result is made
@@ -82,13 +126,15 @@ def _filled_elements(values: dict, node) -> int:
     return math.prod(int(d) for d in shape) if np.all(shape >= 0) else 0
 
 
-def _evaluate(model, node, values):
+def _evaluate(model, nodes, values):
     graph = helper.make_graph(
-        [node], "fold",
+        nodes, "fold",
         inputs=[],
-        outputs=[onnx.ValueInfoProto(name=o) for o in node.output],
+        outputs=[onnx.ValueInfoProto(name=o) for node in nodes for o in node.output],
         initializer=[numpy_helper.from_array(v, name) for name, v in values.items()],
     )
-    one_node = helper.make_model(graph, opset_imports=list(model.opset_import),
-                                 functions=list(model.functions), ir_version=model.ir_version)
-    return ReferenceEvaluator(one_node, check=False).run(None, {})
+    fold = helper.make_model(graph, opset_imports=list(model.opset_import),
+                             functions=list(model.functions), ir_version=model.ir_version)
+    # the graph outputs in order (run() looks each one up in a list: quadratic in a wave)
+    return [r.value for r in ReferenceEvaluator(fold, check=False).iter_results({})
+            if r.kind == "output" and not r.path]

@@ -16,6 +16,7 @@ from ._graph import (
     only_reader,
     set_nodes,
     splice,
+    taken_names,
 )
 
 
@@ -24,7 +25,7 @@ def fold_conv_affine(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     constants = Constants(graph)
     uses, outputs = consumers(graph), graph_output_names(graph)
-    nodes = list(graph.node)
+    nodes, taken = list(graph.node), taken_names(graph)
     for conv in list(nodes):
         if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
             continue
@@ -46,8 +47,9 @@ def fold_conv_affine(model: onnx.ModelProto) -> onnx.ModelProto:
             last = step
         if not chain:
             continue
-        inputs = [conv.input[0], add_initializer(graph, conv.input[1] + "_scaled", w),
-                  add_initializer(graph, (conv.name or last.output[0]) + "_shifted_bias", b)]
+        inputs = [conv.input[0], add_initializer(graph, conv.input[1] + "_scaled", w, taken),
+                  add_initializer(graph, (conv.name or last.output[0]) + "_shifted_bias", b,
+                                  taken)]
         fused = helper.make_node("Conv", inputs, [last.output[0]], name=conv.name or last.name)
         fused.attribute.extend(conv.attribute)
         nodes = splice(nodes, [conv] + chain, [fused])

@@ -18,6 +18,7 @@ from ._graph import (
     opset_version,
     set_nodes,
     splice,
+    taken_names,
 )
 
 
@@ -27,7 +28,7 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
     constants = Constants(graph)
     uses, outputs = consumers(graph), graph_output_names(graph)
     opset = opset_version(model)
-    nodes = list(graph.node)
+    nodes, taken = list(graph.node), taken_names(graph)
     for conv in list(nodes):
         if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
             continue
@@ -39,8 +40,8 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
         if folded is None:
             continue
         w, b = folded
-        inputs = [conv.input[0], add_initializer(graph, conv.input[1] + "_bn", w),
-                  add_initializer(graph, (conv.name or bn.output[0]) + "_bn_bias", b)]
+        inputs = [conv.input[0], add_initializer(graph, conv.input[1] + "_bn", w, taken),
+                  add_initializer(graph, (conv.name or bn.output[0]) + "_bn_bias", b, taken)]
         fused = helper.make_node("Conv", inputs, [bn.output[0]], name=conv.name or bn.name)
         fused.attribute.extend(conv.attribute)
         nodes = splice(nodes, [conv, bn], [fused])

@@ -110,3 +110,27 @@ def test_folding_into_an_ir3_model_moves_it_to_ir4():
     folded = fold_constants(model)
     assert op_types(folded) == {"Mul": 1} and folded.ir_version == 4
     assert_same_outputs(model, folded)
+
+
+def test_a_failing_node_leaves_the_others_that_are_evaluated_with_it_folded():
+    # the shape arithmetic whose inputs are all constants at once is evaluated as one model;
+    # one bad Reshape among them stays a node, as it would node by node, and the rest fold
+    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(
+                 np.array([2, 3], np.int64))),
+             helper.make_node("Reshape", ["c", "bad_shape"], ["bad"]),
+             helper.make_node("Concat", ["a", "b"], ["shape"], axis=0),
+             helper.make_node("Mul", ["k", "one"], ["k1"]),  # reads a Constant node's output
+             helper.make_node("Reshape", ["x", "shape"], ["xs"]),
+             helper.make_node("Reshape", ["xs", "k1"], ["xk"]),
+             helper.make_node("Add", ["x", "bad"], ["z"]),
+             helper.make_node("Reshape", ["z", "shape"], ["y"]),
+             helper.make_node("Add", ["xk", "y"], ["w"])]
+    model = make_model(nodes, [("x", [6])], [("w", [2, 3])],
+                       {"a": np.array([2], np.int64), "b": np.array([3], np.int64),
+                        "one": np.array([1], np.int64), "c": np.ones(6, np.float32),
+                        "bad_shape": np.array([4], np.int64)})
+    folded = fold_constants(model)
+    assert op_types(folded) == {"Reshape": 4, "Add": 2}
+    assert initializer(folded, "shape").tolist() == [2, 3]
+    assert initializer(folded, "k1").tolist() == [2, 3]
+    assert "bad" not in {i.name for i in folded.graph.initializer}
