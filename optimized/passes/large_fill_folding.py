@@ -24,9 +24,9 @@ from ._graph import Constants, copy_model, graph_output_names, set_nodes
 # a fill this large is made once per session instead of on every run (constant folding's own
 # limit decides the smaller ones)
 MIN_FILL_ELEMENTS = 1 << 22
-# a fill past this stays a node: one that large is more likely a mistake than weights, and the
-# run reports what it cannot allocate, naming the node
-MAX_FILL_BYTES = 1 << 33
+# a fill past this stays a node: a session saving its optimized model (optimized_model_filepath)
+# writes the fill into it, and onnx.save stops at protobuf's 2 GiB
+MAX_FILL_BYTES = 1 << 30
 
 
 def fold_large_fills(model: onnx.ModelProto, store: WeightStore | None = None
