@@ -208,13 +208,19 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
  *   PLAN_GQA          gqa_f32 (bnsh q, no kv_valid/q_pos/causal/window): in q, k, v, mask;
  *                     n[0..3] batch, heads, kv_heads, q_len, g[0..2] q strides, g[3..5]
  *                     kv_len, head_size, v_head_size, g[6..9] mask strides, f[0] scale,
- *                     flags bit 0 empty_nan, kv_head_of the int32 table below */
+ *                     flags bit 0 empty_nan, kv_head_of the int32 table below
+ *   PLAN_CAST         n[0] elements of in[0] converted to out[0]: code (from << 4) | to, of bool
+ *                     0, int32 1, int64 2, float32 3, float64 4 (never float to int)
+ *   PLAN_SELECT       code Where 0 (in cond, x, y; n[0] bytes an element), And 1, Or 2, Xor 3
+ *                     (in a, b; bool) over the broadcast shape in geometry: rank, shape[6],
+ *                     then 6 element strides per input */
 enum plan_kind {
     PLAN_ACTIVATION = 0, PLAN_BINARY = 1, PLAN_GEMM = 2, PLAN_MATMUL = 3, PLAN_SOFTMAX = 4,
     PLAN_LAYERNORM = 5, PLAN_RMSNORM = 6, PLAN_SILU_MUL = 7, PLAN_REDUCE_LAST = 8,
     PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11, PLAN_ROWS_COPY = 12,
     PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256, PLAN_GEMV = 14, PLAN_CONV = 15,
-    PLAN_ONEDNN_CONV = 16, PLAN_ROTARY = 17, PLAN_GQA = 18
+    PLAN_ONEDNN_CONV = 16, PLAN_ROTARY = 17, PLAN_GQA = 18, PLAN_CAST = 20,
+    PLAN_SELECT = 21
 };
 typedef struct {
     int32_t kind, code, act, flags;

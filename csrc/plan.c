@@ -52,6 +52,73 @@ static int gather_rows(const char *table, const int64_t *indices, char *y, int64
     return 0;
 }
 
+/* geometry of PLAN_SELECT: rank (up to 6), the output's shape, then per input (3) its
+ * element strides along the output's axes (0 where it broadcasts). */
+enum { SELECT_WHERE = 0, SELECT_AND = 1, SELECT_OR = 2, SELECT_XOR = 3 };
+
+static void select_elements(int code, const char *a, const char *b, const char *c, char *y,
+                            int64_t itemsize, const int64_t *geometry)
+{
+    int rank = (int)geometry[0];
+    const int64_t *shape = geometry + 1, *strides = geometry + 7;
+    int64_t total = 1, index[6] = {0}, at[3] = {0, 0, 0};
+    for (int d = 0; d < rank; ++d) total *= shape[d];
+    for (int64_t i = 0; i < total; ++i) {
+        switch (code) {
+        case SELECT_WHERE:
+            memcpy(y + i * itemsize, (a[at[0]] ? b + at[1] * itemsize : c + at[2] * itemsize),
+                   (size_t)itemsize);
+            break;
+        case SELECT_AND: y[i] = (char)(a[at[0]] && b[at[1]]); break;
+        case SELECT_OR: y[i] = (char)(a[at[0]] || b[at[1]]); break;
+        default: y[i] = (char)(!a[at[0]] != !b[at[1]]); break;
+        }
+        for (int d = rank - 1; d >= 0; --d) {
+            for (int k = 0; k < 3; ++k) at[k] += strides[k * 6 + d];
+            if (++index[d] < shape[d]) break;
+            for (int k = 0; k < 3; ++k) at[k] -= strides[k * 6 + d] * shape[d];
+            index[d] = 0;
+        }
+    }
+}
+
+/* Cast between bool (stored as one byte, 0 or 1), int32, int64, float32 and float64, by C's
+ * conversions: exact, or rounded to nearest where the target is a float; never float to int. */
+enum { CAST_BOOL = 0, CAST_I32 = 1, CAST_I64 = 2, CAST_F32 = 3, CAST_F64 = 4 };
+
+#define CAST_LOOP(FROM, TO, EXPR)                                                            \
+    do {                                                                                     \
+        const FROM *src = x;                                                                 \
+        TO *dst = y;                                                                         \
+        for (int64_t i = 0; i < n; ++i) dst[i] = (TO)(EXPR);                                 \
+    } while (0)
+#define CAST_TO(FROM)                                                                        \
+    switch (to) {                                                                            \
+    case CAST_BOOL: CAST_LOOP(FROM, unsigned char, src[i] != 0); return 0;                   \
+    case CAST_I32: CAST_LOOP(FROM, int32_t, src[i]); return 0;                               \
+    case CAST_I64: CAST_LOOP(FROM, int64_t, src[i]); return 0;                               \
+    case CAST_F32: CAST_LOOP(FROM, float, src[i]); return 0;                                 \
+    case CAST_F64: CAST_LOOP(FROM, double, src[i]); return 0;                                \
+    default: return -1;                                                                      \
+    }
+
+static int cast_elements(int from, int to, const void *x, void *y, int64_t n)
+{
+    switch (from) {
+    case CAST_BOOL: CAST_TO(unsigned char)
+    case CAST_I32: CAST_TO(int32_t)
+    case CAST_I64: CAST_TO(int64_t)
+    case CAST_F32:
+        if (to == CAST_I32 || to == CAST_I64) return -1;
+        CAST_TO(float)
+    case CAST_F64:
+        if (to == CAST_I32 || to == CAST_I64) return -1;
+        CAST_TO(double)
+    default:
+        return -1;
+    }
+}
+
 static int run_step(const plan_step *s, void *const *slots)
 {
     switch (s->kind) {
@@ -128,6 +195,11 @@ static int run_step(const plan_step *s, void *const *slots)
                        (int)s->n[2], (int)s->n[3], (int)s->g[3], (int)s->g[4], (int)s->g[5],
                        s->kv_head_of, s->f[0], IN(3), s->g + 6, NULL, NULL, 0, -1,
                        s->flags & 1) == 0 ? 0 : -1;
+    case PLAN_CAST:
+        return cast_elements(s->code >> 4, s->code & 15, IN(0), OUT(0), s->n[0]);
+    case PLAN_SELECT:
+        select_elements(s->code, IN(0), IN(1), IN(2), OUT(0), s->n[0], s->geometry);
+        return 0;
     case PLAN_GATHER:
         return gather_rows(slots[s->in[0]], slots[s->in[1]], slots[s->out[0]], s->n[0], s->n[1], s->n[2], s->n[3]);
     default:

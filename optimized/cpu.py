@@ -11,6 +11,7 @@ import functools
 import weakref
 
 import numpy as np
+from onnx import helper
 
 from reference.ops.conv import tied_filters
 from reference.registry import lookup
@@ -851,6 +852,45 @@ def _grouped_attention_steps(ins, outs, *, scale=1.0):
         return None
 
 
+
+@_declining
+def _cast_steps(ins, outs, *, to, **rules):
+    """Cast between bool, int32, int64, float32 and float64, except float to int: C's
+    conversions give the reference's values there (rules such as saturate concern float8)."""
+    x, y = ins[0], outs[0] if outs else None
+    if not _plain(x) or y is None or y.shape != x.shape:
+        return None
+    if helper.tensor_dtype_to_np_dtype(to) != y.dtype:
+        return None
+    return [kernels.cast_step(x.slot, x.dtype, y.slot, y.dtype, int(np.prod(x.shape)))]
+
+
+@_declining
+def _where_steps(ins, outs):
+    cond, x, other = ins[:3]
+    y = outs[0] if outs else None
+    if cond.dtype != np.bool_ or not _plain(x) or y is None or not x.dtype == other.dtype == y.dtype:
+        return None
+    shapes = [cond.shape, x.shape, other.shape]
+    if np.broadcast_shapes(*shapes) != y.shape:
+        return None
+    return [kernels.select_step("Where", [cond.slot, x.slot, other.slot], shapes, y.slot,
+                                x.dtype.itemsize)]
+
+
+def _logical_steps(op):
+    @_declining
+    def describe(ins, outs):
+        a, b = ins[:2]
+        y = outs[0] if outs else None
+        if y is None or not a.dtype == b.dtype == y.dtype == np.bool_:
+            return None
+        if np.broadcast_shapes(a.shape, b.shape) != y.shape:
+            return None
+        return [kernels.select_step(op, [a.slot, b.slot], [a.shape, b.shape], y.slot)]
+
+    return describe
+
 C_STEPS = {
     ("", "Add"): _binary_steps("Add"),
     ("", "Sub"): _binary_steps("Sub"),
@@ -894,4 +934,9 @@ C_STEPS = {
     (FUSED_DOMAIN, ROTARY_INTERLEAVED): _rotary_steps(True),
     (FUSED_DOMAIN, GROUPED_ATTENTION): _grouped_attention_steps,
     (FUSED_DOMAIN, GROUPED_ATTENTION_MASKED): _grouped_attention_steps,
+    ("", "Cast"): _cast_steps,
+    ("", "Where"): _where_steps,
+    ("", "And"): _logical_steps("And"),
+    ("", "Or"): _logical_steps("Or"),
+    ("", "Xor"): _logical_steps("Xor"),
 }

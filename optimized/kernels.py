@@ -1412,6 +1412,49 @@ def grouped_attention_step(q: int, q_shape, k: int, k_shape, v: int, v_shape, kv
                  kv_head_of=ffi.new("int32_t[]", [int(h) for h in table] or [0]))
 
 
+CAST_TYPES = {np.dtype(np.bool_): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2,
+              np.dtype(np.float32): 3, np.dtype(np.float64): 4}  # plan.c's cast codes
+
+
+def cast_step(x: int, x_dtype, y: int, y_dtype, count: int) -> dict:
+    """count elements of x converted to y_dtype by C's conversions: between bool, int32,
+    int64, float32 and float64, never float to int (whose out-of-range rules C leaves open)."""
+    x_dtype, y_dtype = np.dtype(x_dtype), np.dtype(y_dtype)
+    if x_dtype not in CAST_TYPES or y_dtype not in CAST_TYPES:
+        raise ValueError(f"the plan casts between {sorted(map(str, CAST_TYPES))}, got "
+                         f"{x_dtype} to {y_dtype}")
+    if x_dtype.kind == "f" and y_dtype.kind in "iu":
+        raise ValueError(f"the plan does not cast float to int ({x_dtype} to {y_dtype})")
+    _nonempty((count,))
+    return _step(lib.PLAN_CAST, [x], [y], code=CAST_TYPES[x_dtype] << 4 | CAST_TYPES[y_dtype],
+                 n=[count, 0, 0, 0])
+
+
+SELECT_OPS = {"Where": 0, "And": 1, "Or": 2, "Xor": 3}  # plan.c's select codes
+
+
+def select_step(op: str, inputs, shapes, y: int, itemsize: int = 1) -> dict:
+    """Where (inputs cond, x, y; elements of itemsize bytes) or And/Or/Xor (two bool inputs),
+    each input broadcast (ONNX multidirectional) to the output's shape, of rank 6 at most."""
+    if op not in SELECT_OPS:
+        raise ValueError(f"unknown select op {op!r}; expected one of {sorted(SELECT_OPS)}")
+    if len(inputs) != len(shapes) or len(inputs) != (3 if op == "Where" else 2):
+        raise ValueError(f"{op} takes {3 if op == 'Where' else 2} inputs, got {len(inputs)}")
+    shape = np.broadcast_shapes(*[tuple(s) for s in shapes])
+    if len(shape) > 6:
+        raise ValueError(f"a select step takes 6 axes at most, got {len(shape)}")
+    _nonempty(shape)
+    geometry = [len(shape), *shape, *[1] * (6 - len(shape))]
+    for k in range(3):
+        if k < len(shapes):
+            strides = np.broadcast_to(np.empty(shapes[k], np.uint8), shape).strides
+            geometry += list(strides) + [0] * (6 - len(shape))
+        else:
+            geometry += [0] * 6
+    return _step(lib.PLAN_SELECT, inputs, [y], code=SELECT_OPS[op], n=[itemsize, 0, 0, 0],
+                 geometry=ffi.new("int64_t[]", geometry))
+
+
 def _four(name: str, shape) -> tuple:
     if len(shape) != 4:
         raise ValueError(f"{name} must be 4-D, got shape {list(shape)}")
@@ -1449,6 +1492,12 @@ class StepTable:
         owner = ffi.from_buffer("char[]", array)
         self._owners[slot] = owner
         self.addresses[slot] = owner
+
+    def release(self, slots) -> None:
+        """Lets go of the arrays bound to these slots (their addresses become NULL)."""
+        for slot in slots:
+            self._owners[slot] = None
+            self.addresses[slot] = ffi.NULL
 
     def run(self, start: int, stop: int) -> int:
         """Runs steps [start, stop); -1, or the index of the step whose kernel failed."""

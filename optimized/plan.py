@@ -636,6 +636,9 @@ class CompiledRun:
         self.table = table
         self.feed_binds = [s for s in c_reads if storage.get(s) == "feed"]
         self.fresh = [(s, *rec.specs[s]) for s, kind in storage.items() if kind == "fresh"]
+        # slots bound to one run's arrays (feeds, outputs, Python results): let go after it
+        self.per_run = sorted({*self.feed_binds, *(s for s, *_ in self.fresh),
+                               *(s for s in c_reads if storage.get(s) == "python")})
         self.copied_outputs = {s for s in outputs if storage.get(s) == "fixed"}
         guarded = {s for s in (c_reads | rec.shape_reads) if storage.get(s) == "python"}
         self.ops: list[tuple] = []
@@ -657,6 +660,12 @@ class CompiledRun:
 
     # running --------------------------------------------------------------------------
     def run(self, feeds: dict) -> list:
+        try:
+            return self._run(feeds)
+        finally:
+            self.table.release(self.per_run)
+
+    def _run(self, feeds: dict) -> list:
         plan, table = self.plan, self.table
         slots = list(self.template)
         for name, value in feeds.items():

@@ -211,3 +211,79 @@ def test_grouped_attention_runs_in_the_step_table(masked):
         assert step_kinds(compiled) == [lib.PLAN_GQA]
         np.testing.assert_allclose(got[0], reference_outputs(model, feeds)[0], rtol=1e-5,
                                    atol=1e-6)
+
+
+# --- masks: Cast, And/Or/Xor, Where -------------------------------------------------------
+def test_an_attention_mask_built_from_a_padding_mask():
+    # as the Llama export builds it: padding (int64) cast to bool, and-ed with a causal
+    # table, then Where(keep, 0, -inf) into an additive float mask
+    causal = np.tril(np.ones((4, 6), bool), k=2)[None, None]
+    nodes = [helper.make_node("Cast", ["padding"], ["keep"], to=TensorProto.BOOL),
+             helper.make_node("Unsqueeze", ["keep", "axes"], ["keep4"]),
+             helper.make_node("And", ["causal", "keep4"], ["both"]),
+             helper.make_node("Where", ["both", "zero", "fill"], ["mask"]),
+             helper.make_node("Cast", ["mask"], ["wide"], to=TensorProto.DOUBLE),
+             helper.make_node("Xor", ["both", "keep4"], ["x"]),
+             helper.make_node("Or", ["x", "causal"], ["o"])]
+    model = model_of(nodes, [tensor("padding", ["B", 6], I64)],
+                     [tensor("mask", None), tensor("wide", None), tensor("o", None)],
+                     [("causal", causal), ("axes", np.array([1, 2], np.int64)),
+                      ("zero", np.zeros((), np.float32)),
+                      ("fill", np.array(-np.inf, np.float32))])
+    for batch in (3, 1):
+        feeds = {"padding": RNG.integers(-1, 2, (batch, 6)).astype(np.int64)}
+        got, want, compiled, _ = run_both(model, feeds)
+        assert_identical(got, want)
+        assert_identical(got, reference_outputs(model, feeds))
+        assert got[0].shape == (batch, 1, 4, 6)
+        assert [op[0] for op in compiled.ops] == [C]
+        assert lib.PLAN_CAST in step_kinds(compiled) and lib.PLAN_SELECT in step_kinds(compiled)
+
+
+@pytest.mark.parametrize(("source", "target"), [
+    (np.int64, np.float32), (np.float64, np.float32), (np.float32, np.bool_),
+    (np.int32, np.int64), (np.bool_, np.float64)])
+def test_cast_runs_in_the_step_table(source, target):
+    values = np.array([[0, -0.0, 1.5, -7, 3e38, np.nan], [2**53 + 1, -1, 0.25, 1e-45, 8, 9]])
+    if np.dtype(source).kind in "iub":
+        values = np.nan_to_num(values, posinf=0, neginf=0).clip(-2**31, 2**31 - 1)
+    x = values.astype(source)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(target))
+    nodes = [helper.make_node("Cast", ["x"], ["y"], to=elem)]
+    model = model_of(nodes, [tensor("x", [2, 6], helper.np_dtype_to_tensor_dtype(x.dtype))],
+                     [tensor("y", None, elem)])
+    got, want, compiled, _ = run_both(model, {"x": x})
+    assert_identical(got, want)
+    assert_identical(got, reference_outputs(model, {"x": x}))
+    assert step_kinds(compiled) == [lib.PLAN_CAST]
+
+
+def test_float_to_int_cast_stays_in_python():
+    nodes = [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT64)]
+    model = model_of(nodes, [tensor("x", [2, 3])], [tensor("y", None, I64)])
+    feeds = {"x": np.array([[1.5, -2.5, 7], [0, 3, -1]], np.float32)}
+    got, want, compiled, _ = run_both(model, feeds)
+    assert_identical(got, want)
+    assert [op[0] for op in compiled.ops] == [PY]
+
+
+# --- what a compiled run keeps ------------------------------------------------------------
+def test_a_compiled_run_keeps_no_feed_or_output_alive():
+    import gc
+    import weakref
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Neg", ["r"], ["n"]),  # a Python step between C steps
+             helper.make_node("Sigmoid", ["n"], ["y"])]
+    model = model_of(nodes, [tensor("x", [3, 5])], [tensor("y", None)])
+    plan = Plan(model, KERNELS, c_steps=C_STEPS)
+    for _ in range(2):
+        plan.run({"x": RNG.standard_normal((3, 5)).astype(np.float32)})
+    x = RNG.standard_normal((3, 5)).astype(np.float32)
+    (y,) = plan.run({"x": x})
+    compiled = program(plan, {"x": x})
+    assert [op[0] for op in compiled.ops] == [C, PY, C]
+    watched = [weakref.ref(x), weakref.ref(y)]
+    del x, y
+    gc.collect()
+    assert [ref() for ref in watched] == [None, None]
