@@ -100,6 +100,15 @@ int avgpool2d_f32(const float *x, int64_t planes, int64_t in_h, int64_t in_w, fl
                   int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t pad_bottom,
                   int64_t pad_right, int64_t dil_h, int64_t dil_w, int count_include_pad);
 
+/* maxpool2d_f32 (kind POOL_MAX; pad_bottom, pad_right and count_include_pad unused) or
+ * avgpool2d_f32 (POOL_AVERAGE) in one signature, for the plan.  Returns 0, or -1 when out of
+ * memory. */
+enum pool_kind { POOL_MAX = 0, POOL_AVERAGE = 1 };
+int pool2d_f32(int kind, const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
+               int64_t out_h, int64_t out_w, int64_t k_h, int64_t k_w, int64_t stride_h,
+               int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t pad_bottom,
+               int64_t pad_right, int64_t dil_h, int64_t dil_w, int count_include_pad);
+
 /* y[r] = sum / mean / max of row r of x (rows x cols); accumulates in double. */
 void reduce_last_f32(int kind, const float *x, float *y, size_t rows, size_t cols);
 
@@ -213,13 +222,16 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
  *                     0, int32 1, int64 2, float32 3, float64 4 (never float to int)
  *   PLAN_SELECT       code Where 0 (in cond, x, y; n[0] bytes an element), And 1, Or 2, Xor 3
  *                     (in a, b; bool) over the broadcast shape in geometry: rank, shape[6],
- *                     then 6 element strides per input */
+ *                     then 6 element strides per input
+ *   PLAN_POOL         pool2d_f32: code kind, n[0..3] planes, in_h, in_w, out_h, g[0] out_w,
+ *                     g[1..2] kernel, g[3..4] strides, g[5..8] pads (top, left, bottom, right),
+ *                     g[9..10] dilations, flags bit 0 count_include_pad; fails where it does */
 enum plan_kind {
     PLAN_ACTIVATION = 0, PLAN_BINARY = 1, PLAN_GEMM = 2, PLAN_MATMUL = 3, PLAN_SOFTMAX = 4,
     PLAN_LAYERNORM = 5, PLAN_RMSNORM = 6, PLAN_SILU_MUL = 7, PLAN_REDUCE_LAST = 8,
     PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11, PLAN_ROWS_COPY = 12,
     PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256, PLAN_GEMV = 14, PLAN_CONV = 15,
-    PLAN_ONEDNN_CONV = 16, PLAN_ROTARY = 17, PLAN_GQA = 18, PLAN_CAST = 20,
+    PLAN_ONEDNN_CONV = 16, PLAN_ROTARY = 17, PLAN_GQA = 18, PLAN_POOL = 19, PLAN_CAST = 20,
     PLAN_SELECT = 21
 };
 typedef struct {

@@ -195,6 +195,10 @@ static int run_step(const plan_step *s, void *const *slots)
                        (int)s->n[2], (int)s->n[3], (int)s->g[3], (int)s->g[4], (int)s->g[5],
                        s->kv_head_of, s->f[0], IN(3), s->g + 6, NULL, NULL, 0, -1,
                        s->flags & 1) == 0 ? 0 : -1;
+    case PLAN_POOL:
+        return pool2d_f32(s->code, IN(0), s->n[0], s->n[1], s->n[2], OUT(0), s->n[3], s->g[0],
+                          s->g[1], s->g[2], s->g[3], s->g[4], s->g[5], s->g[6], s->g[7], s->g[8],
+                          s->g[9], s->g[10], s->flags & 1);
     case PLAN_CAST:
         return cast_elements(s->code >> 4, s->code & 15, IN(0), OUT(0), s->n[0]);
     case PLAN_SELECT:

@@ -1,6 +1,10 @@
-/* Pooling tap by tap over whole output rows (as the depthwise convolution does), so the inner
- * loop runs along x and vectorises; window bounds are worked out once per row and column. */
+/* 2-D pooling, separably: per output row, the window's input rows are first reduced into one
+ * padded row (contiguous, so it vectorises), then that row's columns are reduced along x.  Max
+ * and sum both split this way (the average divides by the taps counted per row times those per
+ * column).  A padded row longer than PADDED_ROW_LIMIT falls back to reducing tap by tap over
+ * whole output rows (huge pads). */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 
 #include "kernels.h"
@@ -36,7 +40,7 @@ static void sum_taps(float *restrict yrow, const float *restrict row, int64_t st
     for (int64_t o = lo; o < hi; ++o) yrow[o] += row[o * stride + x0];
 }
 
-int maxpool2d_f32(const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
+static int maxpool_by_taps(const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
                   int64_t out_h, int64_t out_w, int64_t k_h, int64_t k_w, int64_t stride_h,
                   int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dil_h,
                   int64_t dil_w)
@@ -66,7 +70,7 @@ int maxpool2d_f32(const float *x, int64_t planes, int64_t in_h, int64_t in_w, fl
     return 0;
 }
 
-int avgpool2d_f32(const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
+static int avgpool_by_taps(const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
                   int64_t out_h, int64_t out_w, int64_t k_h, int64_t k_w, int64_t stride_h,
                   int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t pad_bottom,
                   int64_t pad_right, int64_t dil_h, int64_t dil_w, int count_include_pad)
@@ -111,4 +115,300 @@ int avgpool2d_f32(const float *x, int64_t planes, int64_t in_h, int64_t in_w, fl
     free(inside);
     free(cols);
     return 0;
+}
+
+enum { PADDED_ROW_LIMIT = 1 << 22 };
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float max_nan(float m, float v)
+{
+    return (v > m || v != v) ? v : m; /* NaN propagates either side */
+}
+
+/* The window geometry of one pool2d_f32 call. */
+typedef struct {
+    int64_t in_h, in_w, out_h, out_w, k_h, k_w, stride_h, stride_w, pad_top, pad_left,
+        pad_bottom, dil_h, dil_w, width;
+    int is_max, count_include_pad;
+} pool_geometry;
+
+#if defined(__x86_64__)
+/* max_nan on 8 lanes: _mm256_max_ps gives its second operand when either is NaN. */
+AVX2 static inline __m256 max_nan8(__m256 m, __m256 v)
+{
+    __m256 r = _mm256_max_ps(v, m);
+    return _mm256_blendv_ps(r, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+/* The even (odd) columns of a[0..16) in order. */
+AVX2 static inline __m256 even8(const float *a)
+{
+    __m256 s = _mm256_shuffle_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), _MM_SHUFFLE(2, 0, 2, 0));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+AVX2 static inline __m256 odd8(const float *a)
+{
+    __m256 s = _mm256_shuffle_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), _MM_SHUFFLE(3, 1, 3, 1));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+/* t[0..n) = the max (sum) of rows[0..count)[0..n), in row order, as pool_plane's loops. */
+AVX2 static void reduce_rows_avx2(int is_max, float *t, const float *const *rows, int64_t count,
+                                  int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 m = _mm256_loadu_ps(rows[0] + i);
+        for (int64_t r = 1; r < count; ++r)
+            m = is_max ? max_nan8(m, _mm256_loadu_ps(rows[r] + i))
+                       : _mm256_add_ps(m, _mm256_loadu_ps(rows[r] + i));
+        _mm256_storeu_ps(t + i, m);
+    }
+    if (i < n) { /* the last 1..7 columns through a lane mask (a scalar max mispredicts) */
+        __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), lane);
+        __m256 m = _mm256_maskload_ps(rows[0] + i, mask);
+        for (int64_t r = 1; r < count; ++r) {
+            __m256 v = _mm256_maskload_ps(rows[r] + i, mask);
+            m = is_max ? max_nan8(m, v) : _mm256_add_ps(m, v);
+        }
+        _mm256_maskstore_ps(t + i, mask, m);
+    }
+}
+
+/* yrow[o] = the max of t[2o], t[2o+1], t[2o+2], or their sum over rows * col_count[o] (the
+ * product exact in float: at most 64 * 3); t is readable to 2 * out_w + 18, col_count to
+ * out_w + 8. */
+AVX2 static void stride2_taps3_avx2(int is_max, float *yrow, const float *t, int64_t out_w,
+                                   float rows, const float *col_count)
+{
+    __m256 row_count = _mm256_set1_ps(rows);
+    for (int64_t o = 0; o < out_w; o += 8) {
+        const float *a = t + 2 * o;
+        __m256 e = even8(a), d = odd8(a), e1 = even8(a + 2);
+        __m256 r = is_max ? max_nan8(max_nan8(e, d), e1)
+                          : _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(e, d), e1),
+                                          _mm256_mul_ps(row_count, _mm256_loadu_ps(col_count + o)));
+        if (o + 8 <= out_w) {
+            _mm256_storeu_ps(yrow + o, r);
+        } else {
+            float last[8];
+            _mm256_storeu_ps(last, r);
+            for (int64_t k = 0; k < out_w - o; ++k) yrow[o + k] = last[k];
+        }
+    }
+}
+
+/* pool_plane for stride 2, 3 taps along x (no dilation), with AVX2. */
+AVX2 static void pool_plane_s2k3_avx2(const pool_geometry *gm, const float *xp, float *yp,
+                                      float *t, const float *col_count)
+{
+    const int64_t in_w = gm->in_w, out_w = gm->out_w;
+    const float fill = gm->is_max ? -INFINITY : 0.0f;
+    for (int64_t i = 0; i < gm->width + 32; ++i) t[i] = fill;
+    const float *rows[64];
+    for (int64_t oy = 0; oy < gm->out_h; ++oy) {
+        float *yrow = yp + oy * out_w;
+        int64_t y0 = oy * gm->stride_h - gm->pad_top, fy, ly;
+        taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
+        for (int64_t ky = fy; ky < ly; ++ky) rows[ky - fy] = xp + (y0 + ky * gm->dil_h) * in_w;
+        if (fy < ly)
+            reduce_rows_avx2(gm->is_max, t + gm->pad_left, rows, ly - fy, in_w);
+        else
+            for (int64_t i = 0; i < in_w; ++i) t[gm->pad_left + i] = fill;
+        int64_t py0, py1;
+        taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom, &py0, &py1);
+        float rows_counted = (float)(gm->count_include_pad ? py1 - py0 : ly - fy);
+        stride2_taps3_avx2(gm->is_max, yrow, t, out_w, rows_counted, col_count);
+    }
+}
+#endif
+
+/* One plane: per output row, its window's input rows reduced into t (the padded row, `width`
+ * long, identity-filled outside the input), then t's windows along x; even and odd hold t's
+ * even and odd columns for stride 2.  Built per CPU as a whole, so the row loops inline. */
+VECTOR_CLONES
+static void pool_plane(const pool_geometry *gm, const float *restrict xp, float *restrict yp,
+                       float *restrict t, float *restrict even, float *restrict odd,
+                       const float *restrict col_count)
+{
+    const int64_t in_w = gm->in_w, out_w = gm->out_w, k_w = gm->k_w, sw = gm->stride_w,
+                  dw = gm->dil_w;
+    const int is_max = gm->is_max;
+    const float fill = is_max ? -INFINITY : 0.0f;
+    const int s2k3 = sw == 2 && k_w == 3 && dw == 1;
+    for (int64_t i = 0; i < gm->width; ++i) t[i] = fill;
+    float *restrict inner = t + gm->pad_left;
+    for (int64_t oy = 0; oy < gm->out_h; ++oy) {
+        float *restrict yrow = yp + oy * out_w;
+        int64_t y0 = oy * gm->stride_h - gm->pad_top, fy, ly;
+        taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
+        if (fy < ly) {
+            const float *restrict first = xp + (y0 + fy * gm->dil_h) * in_w;
+            for (int64_t i = 0; i < in_w; ++i) inner[i] = first[i];
+        } else {
+            for (int64_t i = 0; i < in_w; ++i) inner[i] = fill;
+        }
+        for (int64_t ky = fy + 1; ky < ly; ++ky) {
+            const float *restrict row = xp + (y0 + ky * gm->dil_h) * in_w;
+            if (is_max)
+                for (int64_t i = 0; i < in_w; ++i) inner[i] = max_nan(inner[i], row[i]);
+            else
+                for (int64_t i = 0; i < in_w; ++i) inner[i] += row[i];
+        }
+        if (s2k3) {
+            for (int64_t i = 0; i < out_w; ++i) {
+                even[i] = t[2 * i];
+                odd[i] = t[2 * i + 1];
+            }
+            even[out_w] = t[2 * out_w];
+            if (is_max)
+                for (int64_t o = 0; o < out_w; ++o)
+                    yrow[o] = max_nan(max_nan(even[o], odd[o]), even[o + 1]);
+            else
+                for (int64_t o = 0; o < out_w; ++o) yrow[o] = (even[o] + odd[o]) + even[o + 1];
+        } else {
+            for (int64_t o = 0; o < out_w; ++o) yrow[o] = t[o * sw];
+            for (int64_t kx = 1; kx < k_w; ++kx) {
+                const float *restrict tap = t + kx * dw;
+                if (is_max)
+                    for (int64_t o = 0; o < out_w; ++o) yrow[o] = max_nan(yrow[o], tap[o * sw]);
+                else
+                    for (int64_t o = 0; o < out_w; ++o) yrow[o] += tap[o * sw];
+            }
+        }
+        if (is_max)
+            continue;
+        int64_t py0, py1;
+        taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom, &py0, &py1);
+        double rows = (double)(gm->count_include_pad ? py1 - py0 : ly - fy);
+        for (int64_t o = 0; o < out_w; ++o) yrow[o] /= (float)(rows * col_count[o]);
+    }
+}
+
+static int avx2_ready(void)
+{
+#if defined(__x86_64__)
+    return have_avx2();
+#else
+    return 0;
+#endif
+}
+
+/* One plane by the AVX2 stride-2 path (fast_s2k3) or pool_plane; t holds the padded row and
+ * the even and odd columns after it. */
+static void pool_one_plane(const pool_geometry *gm, int fast_s2k3, const float *xp, float *yp,
+                           float *t, const float *col_count)
+{
+#if defined(__x86_64__)
+    if (fast_s2k3) {
+        pool_plane_s2k3_avx2(gm, xp, yp, t, col_count);
+        return;
+    }
+#endif
+    pool_plane(gm, xp, yp, t, t + gm->width, t + gm->width + gm->out_w + 2, col_count);
+}
+
+/* One window covering each whole plane, unpadded: a reduction of each plane. */
+VECTOR_CLONES
+static void pool_whole_planes(int is_max, const float *restrict x, float *restrict y,
+                              int64_t planes, int64_t size)
+{
+    for (int64_t p = 0; p < planes; ++p) {
+        const float *restrict xp = x + p * size;
+        float m = xp[0];
+        if (is_max) {
+            for (int64_t i = 1; i < size; ++i) m = max_nan(m, xp[i]);
+            y[p] = m;
+        } else {
+            float lanes[8] = {0};
+            for (int64_t i = 0; i + 8 <= size; i += 8)
+                for (int k = 0; k < 8; ++k) lanes[k] += xp[i + k];
+            float total = 0.0f;
+            for (int64_t i = size - size % 8; i < size; ++i) total += xp[i];
+            for (int k = 0; k < 8; ++k) total += lanes[k];
+            y[p] = total / (float)size;
+        }
+    }
+}
+
+int pool2d_f32(int kind, const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
+               int64_t out_h, int64_t out_w, int64_t k_h, int64_t k_w, int64_t stride_h,
+               int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t pad_bottom,
+               int64_t pad_right, int64_t dil_h, int64_t dil_w, int count_include_pad)
+{
+    int is_max = kind == POOL_MAX;
+    if (out_h == 1 && out_w == 1 && k_h == in_h && k_w == in_w && pad_top == 0 && pad_left == 0
+        && pad_bottom == 0 && pad_right == 0) {
+        int64_t size = in_h * in_w;
+        int threads = threads_for((size_t)(planes * size));
+        int64_t chunk = (planes + threads - 1) / threads;
+        PARALLEL_FOR(threads, for (int64_t c = 0; c < threads; ++c) {
+            int64_t lo = c * chunk, hi = lo + chunk < planes ? lo + chunk : planes;
+            if (lo < hi)
+                pool_whole_planes(is_max, x + lo * size, y + lo, hi - lo, size);
+        });
+        return 0;
+    }
+    int64_t span = (out_w - 1) * stride_w + (k_w - 1) * dil_w + 1;
+    int64_t width = span > pad_left + in_w ? span : pad_left + in_w;
+    if (width > PADDED_ROW_LIMIT || pad_left > PADDED_ROW_LIMIT) {
+        if (is_max)
+            return maxpool_by_taps(x, planes, in_h, in_w, y, out_h, out_w, k_h, k_w, stride_h,
+                                   stride_w, pad_top, pad_left, dil_h, dil_w);
+        return avgpool_by_taps(x, planes, in_h, in_w, y, out_h, out_w, k_h, k_w, stride_h,
+                               stride_w, pad_top, pad_left, pad_bottom, pad_right, dil_h, dil_w,
+                               count_include_pad);
+    }
+    pool_geometry gm = {in_h, in_w, out_h, out_w, k_h, k_w, stride_h, stride_w, pad_top,
+                        pad_left, pad_bottom, dil_h, dil_w, width, is_max, count_include_pad};
+    /* per thread: the padded row, then its even and odd columns */
+    int64_t per_thread = width + 2 * (out_w + 2) + 32;
+    size_t out_plane = (size_t)out_h * out_w, in_plane = (size_t)in_h * in_w;
+    int threads = threads_for((size_t)planes * out_h * (in_w * k_h + out_w * k_w));
+    float *scratch = malloc(sizeof(float) * (size_t)(per_thread * threads));
+    float *col_count = malloc(sizeof(float) * (size_t)(out_w + 8));
+    if (scratch == NULL || col_count == NULL) {
+        free(scratch);
+        free(col_count);
+        return -1;
+    }
+    for (int64_t ox = 0; ox < out_w; ++ox) {
+        int64_t x0 = ox * stride_w - pad_left, f, l;
+        if (count_include_pad)
+            taps_inside(x0, k_w, dil_w, -pad_left, in_w + pad_right, &f, &l);
+        else
+            taps_inside(x0, k_w, dil_w, 0, in_w, &f, &l);
+        col_count[ox] = (float)(l - f);
+    }
+    for (int64_t ox = out_w; ox < out_w + 8; ++ox) col_count[ox] = 1.0f;
+    int fast_s2k3 = avx2_ready() && stride_w == 2 && k_w == 3 && dil_w == 1 && k_h <= 64;
+    PARALLEL_FOR(threads, for (int64_t p = 0; p < planes; ++p) {
+        float *t = scratch + per_thread * omp_get_thread_num();
+        pool_one_plane(&gm, fast_s2k3, x + p * in_plane, y + p * out_plane, t, col_count);
+    });
+    free(scratch);
+    free(col_count);
+    return 0;
+}
+
+int maxpool2d_f32(const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
+                  int64_t out_h, int64_t out_w, int64_t k_h, int64_t k_w, int64_t stride_h,
+                  int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dil_h,
+                  int64_t dil_w)
+{
+    return pool2d_f32(POOL_MAX, x, planes, in_h, in_w, y, out_h, out_w, k_h, k_w, stride_h,
+                      stride_w, pad_top, pad_left, 0, 0, dil_h, dil_w, 0);
+}
+
+int avgpool2d_f32(const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
+                  int64_t out_h, int64_t out_w, int64_t k_h, int64_t k_w, int64_t stride_h,
+                  int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t pad_bottom,
+                  int64_t pad_right, int64_t dil_h, int64_t dil_w, int count_include_pad)
+{
+    return pool2d_f32(POOL_AVERAGE, x, planes, in_h, in_w, y, out_h, out_w, k_h, k_w, stride_h,
+                      stride_w, pad_top, pad_left, pad_bottom, pad_right, dil_h, dil_w,
+                      count_include_pad);
 }

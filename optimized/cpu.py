@@ -803,6 +803,25 @@ def _conv_steps(ins, outs, *, auto_pad="NOTSET", dilations=None, group=1, pads=N
 
 
 @_described
+def _max_pool_steps(ins, outs, *, kernel_shape=None, strides=None, pads=None, dilations=None,
+                    ceil_mode=0, auto_pad="NOTSET", storage_order=0):
+    if len(outs) > 1 and outs[1] is not None:
+        return None  # the Indices output: max_pool does not take it either
+    return [kernels.pool_step("max", ins[0].slot, ins[0].shape, outs[0].slot,
+                              kernel_shape=kernel_shape, strides=strides, pads=pads,
+                              dilations=dilations, ceil_mode=bool(ceil_mode), auto_pad=auto_pad)]
+
+
+@_described
+def _average_pool_steps(ins, outs, *, kernel_shape=None, strides=None, pads=None,
+                        dilations=None, ceil_mode=0, count_include_pad=0, auto_pad="NOTSET"):
+    return [kernels.pool_step("average", ins[0].slot, ins[0].shape, outs[0].slot,
+                              kernel_shape=kernel_shape, strides=strides, pads=pads,
+                              dilations=dilations, ceil_mode=bool(ceil_mode),
+                              count_include_pad=bool(count_include_pad), auto_pad=auto_pad)]
+
+
+@_described
 def _global_average_pool_steps(ins, outs):
     x = ins[0]
     if len(x.shape) < 3:
@@ -930,6 +949,8 @@ C_STEPS = {
     ("", "Conv"): _conv_steps,
     (MS, "FusedConv"): _conv_steps,
     ("", "GlobalAveragePool"): _global_average_pool_steps,
+    ("", "MaxPool"): _max_pool_steps,
+    ("", "AveragePool"): _average_pool_steps,
     (FUSED_DOMAIN, ROTARY): _rotary_steps(False),
     (FUSED_DOMAIN, ROTARY_INTERLEAVED): _rotary_steps(True),
     (FUSED_DOMAIN, GROUPED_ATTENTION): _grouped_attention_steps,

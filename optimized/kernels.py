@@ -664,15 +664,21 @@ class OneDNNConv:
 def _pool_setup(x, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
     x = _f32("X", x)
     _rank("X", x, 4)
+    return (x,) + _pool_window(x.shape, kernel_shape, strides, pads, dilations, ceil_mode,
+                               auto_pad)
+
+
+def _pool_window(shape, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
+    """(kernel, strides, dilations, pads_begin, pads_end, (out_h, out_w)) of a 2-D pool."""
     kernel = _pair("kernel_shape", kernel_shape, 0, 1) if kernel_shape is not None else None
     if kernel is None:
         raise ValueError("kernel_shape is required")
     strides = _pair("strides", strides, 1, 1)
     dilations = _pair("dilations", dilations, 1, 1)
     pads = _pads(pads)
-    begin, end, out_hw = window_geometry(x.shape[2:], kernel, strides, dilations, pads, auto_pad,
+    begin, end, out_hw = window_geometry(shape[2:], kernel, strides, dilations, pads, auto_pad,
                                          bool(ceil_mode))
-    return x, kernel, strides, dilations, begin, end, out_hw
+    return kernel, strides, dilations, begin, end, out_hw
 
 
 def max_pool2d(x: np.ndarray, kernel_shape, *, strides=None, pads=None, dilations=None,
@@ -1286,6 +1292,22 @@ def rows_copy_step(x: int, y: int, rows: int, row_bytes: int, offset: int, strid
         raise ValueError("an empty copy calls nothing")
     return _step(lib.PLAN_ROWS_COPY, [x], [y], n=[rows, row_bytes, offset, stride],
                  g=[x_offset, row_bytes if x_stride is None else x_stride] + [0] * 10)
+
+
+def pool_step(kind: str, x: int, shape, y: int, *, kernel_shape, strides=None, pads=None,
+              dilations=None, ceil_mode=False, count_include_pad=False,
+              auto_pad="NOTSET") -> dict:
+    """max_pool2d (kind "max") or average_pool2d ("average") of an NCHW x of `shape`."""
+    if len(shape) != 4:
+        raise ValueError(f"a 2-D pool takes (N, C, H, W), got {list(shape)}")
+    kernel, strides, dilations, begin, end, (oh, ow) = _pool_window(
+        shape, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
+    n, c, h, w = shape
+    _nonempty((n, c, oh, ow))
+    code = {"max": lib.POOL_MAX, "average": lib.POOL_AVERAGE}[kind]
+    return _step(lib.PLAN_POOL, [x], [y], code=code, flags=int(bool(count_include_pad)),
+                 n=[n * c, h, w, oh], g=[ow, *kernel, *strides, begin[0], begin[1], end[0],
+                                         end[1], *dilations, 0])
 
 
 def gather_step(data: int, data_shape, itemsize: int, indices: int, index_count: int, y: int,

@@ -1,0 +1,173 @@
+"""csrc/pool.c against the reference MaxPool/AveragePool on rows wide enough for its vector
+paths: the padded-row path (any geometry), the AVX2 path for stride 2 with 3 taps along x
+(its 8-lane loops and masked last lanes), and one window over each whole plane.  Also NaN in
+the last lanes, thread-count invariance, and the plan's PLAN_POOL step against the Python
+kernel bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from optimized import kernels
+from optimized._kernels import lib
+from optimized.cpu import C_STEPS, KERNELS
+from optimized.plan import Plan
+from reference import ReferenceEvaluator
+
+hsettings = settings(max_examples=60, deadline=None)
+
+
+def pool_model(op_type, shape, opset=19, **attrs):
+    node = helper.make_node(op_type, ["x"], ["y"], **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def reference(op_type, x, **attrs):
+    return ReferenceEvaluator(pool_model(op_type, list(x.shape), **attrs)).run(None, {"x": x})[0]
+
+
+@st.composite
+def wide_pools(draw):
+    """Geometries around the vector paths: widths past 16 columns, stride 2 with 3 taps
+    often, N, C, H and W drawn apart."""
+    kh, kw = draw(st.integers(1, 4)), draw(st.sampled_from([1, 2, 3, 3, 3, 5]))
+    sh, sw = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 2, 3]))
+    dh, dw = draw(st.integers(1, 2)), draw(st.sampled_from([1, 1, 2]))
+    return {
+        "shape": (draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 12)),
+                  draw(st.integers(1, 41))),
+        "kernel_shape": [kh, kw], "strides": [sh, sw], "dilations": [dh, dw],
+        "pads": [draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1)),
+                 draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))],
+        "ceil_mode": draw(st.booleans()), "count_include_pad": draw(st.booleans()),
+        "seed": draw(st.integers(0, 1000)),
+    }
+
+
+def fits(c):
+    _, _, h, w = c["shape"]
+    span = [(k - 1) * d + 1 for k, d in zip(c["kernel_shape"], c["dilations"])]
+    return h + c["pads"][0] + c["pads"][2] >= span[0] and w + c["pads"][1] + c["pads"][3] >= span[1]
+
+
+def data(c):
+    return np.random.default_rng(c["seed"]).standard_normal(c["shape"]).astype(np.float32)
+
+
+def window(c):
+    return {k: c[k] for k in ("kernel_shape", "strides", "pads", "dilations")}
+
+
+@hsettings
+@given(c=wide_pools())
+def test_max_pool_matches_reference(c):
+    assume(fits(c))
+    x = data(c)
+    want = reference("MaxPool", x, ceil_mode=int(c["ceil_mode"]), **window(c))
+    got = kernels.max_pool2d(x, ceil_mode=c["ceil_mode"], **window(c))
+    np.testing.assert_array_equal(got, want)
+
+
+@hsettings
+@given(c=wide_pools())
+def test_average_pool_matches_reference(c):
+    assume(fits(c))
+    x = data(c)
+    want = reference("AveragePool", x, ceil_mode=int(c["ceil_mode"]),
+                     count_include_pad=int(c["count_include_pad"]), **window(c))
+    got = kernels.average_pool2d(x, ceil_mode=c["ceil_mode"],
+                                 count_include_pad=c["count_include_pad"], **window(c))
+    # the window's sum is taken rows first, then columns: a few float32 roundings apart
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("shape", [(2, 3, 7, 5), (1, 5, 1, 19), (3, 2, 4, 4)])
+def test_one_window_over_each_whole_plane(op_type, shape):
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    kernel = list(shape[2:])
+    want = reference(op_type, x, kernel_shape=kernel)
+    fn = kernels.max_pool2d if op_type == "MaxPool" else kernels.average_pool2d
+    np.testing.assert_allclose(fn(x, kernel), want, rtol=1e-6, atol=1e-6)
+
+
+def test_hand_checked_stride_2():
+    # one row 0..18: windows of 3 at stride 2 with one pad cell on the left
+    x = np.arange(19, dtype=np.float32).reshape(1, 1, 1, 19)
+    got = kernels.max_pool2d(x, [1, 3], strides=[1, 2], pads=[0, 1, 0, 1])
+    np.testing.assert_array_equal(got[0, 0, 0], [1, 3, 5, 7, 9, 11, 13, 15, 17, 18])
+    got = kernels.average_pool2d(x, [1, 3], strides=[1, 2], pads=[0, 1, 0, 1])
+    np.testing.assert_allclose(got[0, 0, 0], [0.5, 2, 4, 6, 8, 10, 12, 14, 16, 17.5])
+    got = kernels.average_pool2d(x, [1, 3], strides=[1, 2], pads=[0, 1, 0, 1],
+                                 count_include_pad=True)
+    np.testing.assert_allclose(got[0, 0, 0], [1 / 3, 2, 4, 6, 8, 10, 12, 14, 16, 35 / 3],
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("column", [0, 8, 15, 16, 20, 22])
+@pytest.mark.parametrize("strides", [[2, 2], [1, 1]])
+def test_max_pool_propagates_nan_in_every_lane(column, strides):
+    x = np.random.default_rng(2).standard_normal((1, 2, 5, 23)).astype(np.float32)
+    x[0, 1, 2, column] = np.nan
+    got = kernels.max_pool2d(x, [3, 3], strides=strides)
+    want = reference("MaxPool", x, kernel_shape=[3, 3], strides=strides)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got).any()
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_same_result_at_one_and_two_threads(op_type):
+    x = np.random.default_rng(3).standard_normal((2, 48, 29, 31)).astype(np.float32)
+    fn = kernels.max_pool2d if op_type == "MaxPool" else kernels.average_pool2d
+    before = kernels.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            kernels.set_num_threads(threads)
+            results.append(fn(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+    finally:
+        kernels.set_num_threads(before)
+    assert results[0].tobytes() == results[1].tobytes()
+
+
+@pytest.mark.parametrize("op_type, attrs", [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2]}),
+    ("MaxPool", {"kernel_shape": [2, 3], "pads": [1, 0, 1, 2], "dilations": [2, 1],
+                 "ceil_mode": 1}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", {"kernel_shape": [3, 2], "strides": [1, 3], "pads": [2, 1, 0, 1],
+                     "count_include_pad": 1, "ceil_mode": 1}),
+])
+def test_pools_run_in_the_step_table(op_type, attrs):
+    model = pool_model(op_type, ["N", 3, "H", "W"], **attrs)
+    in_c, in_python = Plan(model, KERNELS, c_steps=C_STEPS), Plan(model, KERNELS)
+    for shape in [(2, 3, 13, 27), (1, 3, 6, 9)]:  # planned again for the second shape
+        feeds = {"x": np.random.default_rng(4).standard_normal(shape).astype(np.float32)}
+        for _ in range(3):
+            got = in_c.run(dict(feeds))
+        want = in_python.run(dict(feeds))
+        assert got[0].tobytes() == want[0].tobytes()
+        compiled = in_c._programs[(("x", shape, np.dtype(np.float32)),)]
+        kinds = [compiled.table.steps[i].kind for i in range(compiled.table.count)]
+        assert kinds == [lib.PLAN_POOL]
+
+
+def test_max_pool_with_indices_stays_in_python():
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2])
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    plan = Plan(model, KERNELS, c_steps=C_STEPS)
+    x = np.random.default_rng(5).standard_normal((1, 2, 4, 6)).astype(np.float32)
+    for _ in range(3):
+        y, i = plan.run({"x": x})
+    want_y, want_i = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(i, want_i)
