@@ -4,7 +4,8 @@ slots, and each slot released after its last use, so a run is a loop of function
 With c_steps (the CPU provider's cpu.C_STEPS), the second run of an input signature (feed
 names, shapes, dtypes) is recorded and compiled (CompiledRun): from then on consecutive fast
 steps run in one C call over a step table (csrc/plan.c) with their buffers in one arena, and
-control comes back to Python only for the steps that have no description there."""
+control comes back to Python only for the steps that have no description there.  Signatures
+that differ only in dimensions like a KV cache's length share one (optimized/plan_shapes.py)."""
 from __future__ import annotations
 
 import inspect
@@ -111,6 +112,9 @@ class Plan:
         self.steps = self.unfused_steps
         if fuse_chains:
             self.steps = self._with_releases(self._fuse_chains(steps))
+        if c_steps is not None:  # programs shared by signatures differing in a cache's length
+            from .plan_shapes import ShapePatterns
+            self.shapes = ShapePatterns(self)
 
     # binding --------------------------------------------------------------------------
     def _bind(self, node, kernels: dict, slot) -> Step:
@@ -271,12 +275,23 @@ class Plan:
                 if program.broken:  # a shape the recorded run did not have: never again
                     self._programs[key] = None
                 self._lock.release()
+        shared = self.shapes.program(key)  # plan_shapes: a pattern's, for a growing KV cache
+        if shared is not None and self._lock.acquire(blocking=False):
+            try:
+                return shared.run(feeds)
+            finally:
+                self._lock.release()
         seen = self._sightings.get(key, 0)
-        if not seen:
+        wanted = self.shapes.wants_recording(key)
+        if not seen and not wanted:
             if len(self._sightings) >= SIGHTINGS:
                 self._sightings.clear()
             self._sightings[key] = 1
-            return None
+            notes = self.shapes.notes(feeds)  # its shapes, to learn patterns from
+            slots = self._slots(feeds)
+            self._run_steps(slots, self.steps, 0, record=notes.record)
+            self.shapes.seen(key, notes)
+            return [slots[s] for s in self.output_slots]
         if not self._lock.acquire(blocking=False):
             return None
         try:
@@ -285,6 +300,9 @@ class Plan:
             self._run_steps(slots, self.steps, 0, record=recorder.record)
             outputs = [slots[s] for s in self.output_slots]
             self._sightings.pop(key, None)
+            if wanted:
+                self.shapes.build(key, recorder)
+                return outputs
             self._programs[key] = self._compile(recorder)
             while len(self._programs) > PROGRAMS:
                 self._programs.popitem(last=False)
