@@ -223,6 +223,8 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
  *   PLAN_SELECT       code Where 0 (in cond, x, y; n[0] bytes an element), And 1, Or 2, Xor 3
  *                     (in a, b; bool) over the broadcast shape in geometry: rank, shape[6],
  *                     then 6 element strides per input
+ *   PLAN_TIED_CHANNELS out[0] (n[0] images of n[1] float32 channels of n[2] values) in place:
+ *                     channel c = channel geometry[c], each such source its own (<= c)
  *   PLAN_POOL         pool2d_f32: code kind, n[0..3] planes, in_h, in_w, out_h, g[0] out_w,
  *                     g[1..2] kernel, g[3..4] strides, g[5..8] pads (top, left, bottom, right),
  *                     g[9..10] dilations, flags bit 0 count_include_pad; fails where it does */
@@ -232,7 +234,7 @@ enum plan_kind {
     PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11, PLAN_ROWS_COPY = 12,
     PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256, PLAN_GEMV = 14, PLAN_CONV = 15,
     PLAN_ONEDNN_CONV = 16, PLAN_ROTARY = 17, PLAN_GQA = 18, PLAN_POOL = 19, PLAN_CAST = 20,
-    PLAN_SELECT = 21
+    PLAN_SELECT = 21, PLAN_TIED_CHANNELS = 22
 };
 typedef struct {
     int32_t kind, code, act, flags;

@@ -199,6 +199,16 @@ static int run_step(const plan_step *s, void *const *slots)
         return pool2d_f32(s->code, IN(0), s->n[0], s->n[1], s->n[2], OUT(0), s->n[3], s->g[0],
                           s->g[1], s->g[2], s->g[3], s->g[4], s->g[5], s->g[6], s->g[7], s->g[8],
                           s->g[9], s->g[10], s->flags & 1);
+    case PLAN_TIED_CHANNELS: {
+        char *y = OUT(0);
+        size_t plane = (size_t)s->n[2] * sizeof(float);
+        for (int64_t b = 0; b < s->n[0]; ++b)
+            for (int64_t c = 0; c < s->n[1]; ++c)
+                if (s->geometry[c] != c)
+                    memcpy(y + (b * s->n[1] + c) * plane, y + (b * s->n[1] + s->geometry[c]) * plane,
+                           plane);
+        return 0;
+    }
     case PLAN_CAST:
         return cast_elements(s->code >> 4, s->code & 15, IN(0), OUT(0), s->n[0]);
     case PLAN_SELECT:

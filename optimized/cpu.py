@@ -784,12 +784,19 @@ def _fast_gelu_steps(ins, outs):
 def _conv_steps(ins, outs, *, auto_pad="NOTSET", dilations=None, group=1, pads=None,
                 strides=None, activation=None, activation_params=(), kernel_shape=None):
     """Conv and FusedConv as _conv runs them: the oneDNN plan that _onednn_conv made for this
-    shape in the recorded run, else conv2d; not where equal filters make _conv pick channels."""
+    shape in the recorded run, else conv2d; then the channels of equal filters copied from
+    the first of each, where _conv picks them."""
     x, w = ins[:2]
     b = ins[2] if len(ins) > 2 else None
     z = ins[3] if len(ins) > 3 else None
-    if len(x.shape) != 4 or w.value is None or _tied_filters(w.value, group) is not None:
+    if len(x.shape) != 4 or w.value is None:
         return None
+    ties = _tied_filters(w.value, group) if z is None else None
+    if ties is not None and b is not None:
+        if b.value is None:
+            return None  # a bias that differs per run decides whether _conv picks channels
+        if not np.array_equal(b.value, b.value[ties]):
+            ties = None
     attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": group,
              "auto_pad": auto_pad, "activation": activation,
              "activation_params": list(activation_params or ())}
@@ -797,9 +804,13 @@ def _conv_steps(ins, outs, *, auto_pad="NOTSET", dilations=None, group=1, pads=N
     planned = _onednn_conv(shaped, w.value, None if b is None else b.value,
                            None if z is None else shaped, attrs)
     if planned is not None:
-        return [kernels.onednn_conv_step(planned, x.slot, _slot(z), outs[0].slot)]
-    return [kernels.conv_step(x.slot, x.shape, w.slot, w.shape, _slot(b), _slot(z),
-                              outs[0].slot, **attrs)]
+        steps = [kernels.onednn_conv_step(planned, x.slot, _slot(z), outs[0].slot)]
+    else:
+        steps = [kernels.conv_step(x.slot, x.shape, w.slot, w.shape, _slot(b), _slot(z),
+                                   outs[0].slot, **attrs)]
+    if ties is not None:  # equal filters give equal channels, as the reference's Conv does
+        steps.append(kernels.tied_channels_step(outs[0].slot, outs[0].shape, ties))
+    return steps
 
 
 @_described

@@ -1477,6 +1477,20 @@ def select_step(op: str, inputs, shapes, y: int, itemsize: int = 1) -> dict:
                  geometry=ffi.new("int64_t[]", geometry))
 
 
+def tied_channels_step(y: int, shape, source) -> dict:
+    """y[:, c] = y[:, source[c]] in place for NCHW float32 y of `shape`: what a Conv's
+    y[:, source] gives where each source channel is its own source (reference tied_filters)."""
+    source = [int(c) for c in source]
+    if len(shape) < 2 or len(source) != shape[1]:
+        raise ValueError(f"one source per channel of {list(shape)}, got {len(source)}")
+    if any(not 0 <= c < len(source) or source[c] != c for c in source):
+        raise ValueError("each source channel must be its own source")
+    _nonempty(shape)
+    return _step(lib.PLAN_TIED_CHANNELS, [], [y],
+                 n=[shape[0], shape[1], math.prod(shape[2:]), 0],
+                 geometry=ffi.new("int64_t[]", source))
+
+
 def _four(name: str, shape) -> tuple:
     if len(shape) != 4:
         raise ValueError(f"{name} must be 4-D, got shape {list(shape)}")

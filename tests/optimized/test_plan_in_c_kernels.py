@@ -139,15 +139,29 @@ def test_convolutions_are_planned_again_for_each_input_shape():
     assert len(in_c._programs) == 3
 
 
-def test_equal_filters_keep_the_convolution_in_python():
-    # _conv copies the channels of equal filters, as the reference does: not a conv2d call
-    w = np.repeat(RNG.standard_normal((1, 5, 3, 3)).astype(np.float32), 4, axis=0)
-    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
-    model = model_of([node], [tensor("x", [2, 5, 6, 7])], [tensor("y", None)], [("w", w)])
-    feeds = {"x": RNG.standard_normal((2, 5, 6, 7)).astype(np.float32)}
-    got, want, compiled, _ = run_both(model, feeds)
+@pytest.mark.parametrize(("group", "bias"), [(1, None), (1, "tied"), (1, "distinct"),
+                                           (2, "tied")])
+def test_equal_filters_give_equal_channels(group, bias):
+    # _conv copies the channels of equal filters from the first of each, as the reference
+    # does (where the bias of the copies is equal too): the step table copies them after it
+    distinct = RNG.standard_normal((3, 10 // group, 3, 3)).astype(np.float32)
+    w = distinct[[0, 1, 0, 2, 1, 1]]
+    b = {None: None, "tied": np.array([1, 2, 1, 3, 2, 2], np.float32),
+         "distinct": np.arange(6, dtype=np.float32)}[bias]
+    inits = [("w", w)] + ([("b", b)] if b is not None else [])
+    node = helper.make_node("Conv", ["x", "w"] + (["b"] if b is not None else []), ["y"],
+                            pads=[1, 0, 1, 2], group=group)
+    model = model_of([node], [tensor("x", [2, 10, 6, 7])], [tensor("y", None)], inits)
+    feeds = {"x": RNG.standard_normal((2, 10, 6, 7)).astype(np.float32)}
+    got, want, compiled, plan = run_both(model, feeds)
     assert_identical(got, want)
-    assert [op[0] for op in compiled.ops] == [PY]
+    assert [op[0] for op in compiled.ops] == [C]
+    tied = bias != "distinct"
+    assert (lib.PLAN_TIED_CHANNELS in step_kinds(compiled)) == tied
+    if tied and group == 1:
+        np.testing.assert_array_equal(got[0][:, 2], got[0][:, 0])
+        np.testing.assert_array_equal(got[0][:, 5], got[0][:, 1])
+    assert_within_bound(plan, feeds, got)
 
 
 def test_global_average_pool():
