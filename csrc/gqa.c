@@ -12,7 +12,10 @@
 #include "internal.h"
 #include "vmath.h"
 
-enum { GQA_ROWS_PER_BLOCK = 64 };
+/* Query rows per unit of work: at most 64, fewer (down to 16) where that leaves fewer than
+ * GQA_MIN_UNITS units, two for each of 2 threads (ViT's 3 heads of 37 rows were 3 units, one
+ * thread idle half the time). */
+enum { GQA_ROWS_PER_BLOCK = 64, GQA_MIN_ROWS_PER_BLOCK = 16, GQA_MIN_UNITS = 4 };
 
 /* Softmax of row[lo..hi) (mask_row added first when given); the rest of the row's first
  * `width` entries become 0.  A row that sees no finite score gets zeros, or NaN with
@@ -71,7 +74,7 @@ typedef struct {
     const int64_t *mask_strides, *kv_valid, *q_pos;
     const int32_t *kv_head_of;
     const int *run_first, *run_count;
-    int64_t qb_stride, qh_stride, qs_stride, blocks_per_run, window;
+    int64_t qb_stride, qh_stride, qs_stride, blocks_per_run, block_rows, window;
     int heads, kv_heads, q_len, kv_len, head_size, v_head_size, runs, causal, empty_nan;
     float scale;
 } gqa_work;
@@ -82,7 +85,7 @@ static void attend_unit(const gqa_work *w, int64_t u, float *scores)
 {
     int64_t b = u / (w->runs * w->blocks_per_run), rest = u % (w->runs * w->blocks_per_run);
     int r = (int)(rest / w->blocks_per_run);
-    int64_t first = (rest % w->blocks_per_run) * GQA_ROWS_PER_BLOCK;
+    int64_t first = (rest % w->blocks_per_run) * w->block_rows;
     int h0 = w->run_first[r], kvh = w->kv_head_of[h0], q_len = w->q_len;
     int head_size = w->head_size, v_head_size = w->v_head_size;
     int64_t y_row = (int64_t)w->heads * v_head_size; /* y is (B, S, N, Hv) */
@@ -96,7 +99,7 @@ static void attend_unit(const gqa_work *w, int64_t u, float *scores)
         out = w->y + (size_t)b * y_row + (size_t)h0 * v_head_size;
         ldc = v_head_size;
     } else { /* rows are a block of one head's queries */
-        rows = (int)(q_len - first < GQA_ROWS_PER_BLOCK ? q_len - first : GQA_ROWS_PER_BLOCK);
+        rows = (int)(q_len - first < w->block_rows ? q_len - first : w->block_rows);
         qa = w->q + b * w->qb_stride + h0 * w->qh_stride + first * w->qs_stride;
         lda = (int)w->qs_stride;
         out = w->y + ((size_t)b * q_len + first) * y_row + (size_t)h0 * v_head_size;
@@ -134,6 +137,20 @@ static void attend_unit(const gqa_work *w, int64_t u, float *scores)
             for (int d = 0; d < v_head_size; ++d) out[(size_t)row * ldc + d] = 0.0f;
 }
 
+/* Rows per block for q_len query rows in each of `runs` (batch x head) runs: at least
+ * GQA_MIN_UNITS units where the rows allow, in blocks of near equal size.  Chosen from the
+ * shape alone, never the thread count: a row's sums depend on the block it lies in, and the
+ * result must not depend on the threads. */
+static int64_t rows_per_block(int64_t q_len, int64_t runs)
+{
+    int64_t blocks = (q_len + GQA_ROWS_PER_BLOCK - 1) / GQA_ROWS_PER_BLOCK;
+    if (q_len <= 1 || runs * blocks >= GQA_MIN_UNITS)
+        return GQA_ROWS_PER_BLOCK;
+    blocks = (GQA_MIN_UNITS + runs - 1) / runs;
+    int64_t rows = (q_len + blocks - 1) / blocks;
+    return rows < GQA_MIN_ROWS_PER_BLOCK ? GQA_MIN_ROWS_PER_BLOCK : rows;
+}
+
 int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const float *v, float *y,
             int batch, int heads, int kv_heads, int q_len, int kv_len, int head_size,
             int v_head_size, const int32_t *kv_head_of, float scale, const float *mask,
@@ -158,12 +175,13 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
             runs += 1;
         }
     }
-    int64_t blocks_per_run = (q_len + GQA_ROWS_PER_BLOCK - 1) / GQA_ROWS_PER_BLOCK;
+    int64_t block_rows = rows_per_block(q_len, (int64_t)batch * runs);
+    int64_t blocks_per_run = (q_len + block_rows - 1) / block_rows;
     int64_t units = (int64_t)batch * runs * blocks_per_run;
     size_t work = (size_t)batch * heads * q_len * kv_len * (size_t)(head_size + v_head_size);
     int threads = threads_for(work / 8);
     if (threads > units) threads = units > 0 ? (int)units : 1;
-    int64_t max_rows = q_len == 1 ? heads : GQA_ROWS_PER_BLOCK;
+    int64_t max_rows = q_len == 1 ? heads : block_rows;
     size_t per_thread = (size_t)max_rows * (kv_len > 0 ? kv_len : 1);
     float *scratch = malloc(sizeof(float) * per_thread * threads);
     if (scratch == NULL) {
@@ -172,7 +190,8 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
         return -1;
     }
     gqa_work w = {q, k, v, mask, y, mask_strides, kv_valid, q_pos, kv_head_of, run_first,
-                  run_count, q_strides[0], q_strides[1], q_strides[2], blocks_per_run, window,
+                  run_count, q_strides[0], q_strides[1], q_strides[2], blocks_per_run,
+                  block_rows, window,
                   heads, kv_heads, q_len, kv_len, head_size, v_head_size, runs, causal,
                   empty_nan, scale};
     PARALLEL_FOR(threads, for (int64_t u = 0; u < units; ++u)

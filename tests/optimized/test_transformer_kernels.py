@@ -51,3 +51,29 @@ def test_a_nan_among_masked_keys_is_nan_not_an_empty_row():
     y = kernels.grouped_attention(q, k, v, mask=mask)
     assert np.isnan(y[0, 0]).all()
     np.testing.assert_array_equal(y[0, 1], 1.0)
+
+
+@pytest.fixture
+def threads():
+    before = kernels.get_num_threads()
+    yield kernels.set_num_threads
+    kernels.set_num_threads(before)
+
+
+@pytest.mark.parametrize("heads, q_len", [(3, 37), (1, 50), (2, 130), (5, 17)])
+def test_attention_rows_split_for_threads_keep_their_bits(threads, heads, q_len):
+    # few heads of few rows are cut into smaller row blocks when threads would idle; each row's
+    # sums keep their order, so 1 and 2 threads agree bit for bit (and with the float64 truth)
+    rng = np.random.default_rng(heads * q_len)
+    q = rng.standard_normal((1, heads, q_len, 24), np.float32)
+    k = rng.standard_normal((1, heads, q_len, 24), np.float32)
+    v = rng.standard_normal((1, heads, q_len, 40), np.float32)
+    mask = np.zeros((1, 1, 1, q_len), np.float32)
+    mask[..., -3:] = np.finfo(np.float32).min
+    outputs = []
+    for n in (1, 2):
+        threads(n)
+        outputs.append(kernels.grouped_attention(q, k, v, mask=mask, scale=0.2))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    np.testing.assert_allclose(outputs[1], softmax_attention(q, k, v, mask, 0.2), rtol=1e-5,
+                               atol=1e-6)
