@@ -1273,8 +1273,25 @@ def copy_step(x: int, y: int, nbytes: int) -> dict:
     return _step(lib.PLAN_COPY, [x], [y], n=[nbytes, 0, 0, 0])
 
 
+def _coalesced(shape, strides) -> tuple[list[int], list[int]]:
+    """The same element walk over fewer axes: axes of one element dropped, and each axis
+    merged into the one before it where that one steps over it exactly (a channel shuffle's
+    H and W: one memcpy row instead of one per image row)."""
+    dims: list[list[int]] = []
+    for n, s in zip(shape, strides):
+        if n == 1:
+            continue
+        if dims and dims[-1][1] == s * n:
+            dims[-1] = [dims[-1][0] * n, s]
+        else:
+            dims.append([n, s])
+    dims = dims or [[1, 0]]
+    return [n for n, _ in dims], [s for _, s in dims]
+
+
 def strided_copy_step(x: int, y: int, shape, strides, offset: int, itemsize: int) -> dict:
     """y (contiguous, `shape`) = x[offset + sum i_d * strides[d]], in elements of itemsize."""
+    shape, strides = _coalesced([int(n) for n in shape], [int(s) for s in strides])
     if len(shape) > 6:
         raise ValueError(f"a strided copy takes 6 axes at most, got {len(shape)}")
     _nonempty(shape)
