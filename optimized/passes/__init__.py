@@ -37,6 +37,9 @@ class Pass(NamedTuple):
     level: int
     function: Callable[..., onnx.ModelProto]
     uses_store: bool = False  # called with the session's WeightStore (or None) as well
+    # ai.onnx op types of which the main graph must hold one for the pass to change anything
+    # (each pattern it matches starts at such a node); empty: it always runs
+    anchors: frozenset[str] = frozenset()
 
 
 # in the order they run; the transformer fusions go before the generic ones, which would
@@ -44,23 +47,23 @@ class Pass(NamedTuple):
 PASSES: list[Pass] = [
     Pass("initializer_inputs", 1, freeze_initializer_inputs),
     # before constant folding, which would turn the quantized weights into float ones
-    Pass("qdq_matmul_nbits", 1, fuse_dequantize_matmul),
+    Pass("qdq_matmul_nbits", 1, fuse_dequantize_matmul, anchors=frozenset({"DequantizeLinear"})),
     Pass("constant_folding", 1, fold_constants),
     Pass("large_fill_folding", 1, fold_large_fills, uses_store=True),
     Pass("identity_elimination", 1, eliminate_identities),
     Pass("cse", 1, eliminate_common_subexpressions),
     Pass("dead_code", 1, eliminate_dead_code),
-    Pass("layer_norm_fusion", 2, fuse_layer_norm),
-    Pass("rms_norm_fusion", 2, fuse_rms_norm),
+    Pass("layer_norm_fusion", 2, fuse_layer_norm, anchors=frozenset({"ReduceMean"})),
+    Pass("rms_norm_fusion", 2, fuse_rms_norm, anchors=frozenset({"ReduceMean"})),
     Pass("gelu_fusion", 2, fuse_gelu),
-    Pass("silu_mlp_fusion", 2, fuse_silu_mlp),
+    Pass("silu_mlp_fusion", 2, fuse_silu_mlp, anchors=frozenset({"Sigmoid"})),
     Pass("attention_fusion", 2, fuse_attention),
     Pass("rotary_fusion", 2, fuse_rotary),
     Pass("gqa_fusion", 2, fuse_grouped_attention),
-    Pass("conv_bn_folding", 2, fold_conv_batchnorm),
-    Pass("conv_affine_folding", 2, fold_conv_affine),
-    Pass("batchnorm_to_affine", 2, batchnorm_to_affine),
-    Pass("matmul_add_to_gemm", 2, matmul_add_to_gemm),
+    Pass("conv_bn_folding", 2, fold_conv_batchnorm, anchors=frozenset({"BatchNormalization"})),
+    Pass("conv_affine_folding", 2, fold_conv_affine, anchors=frozenset({"Conv"})),
+    Pass("batchnorm_to_affine", 2, batchnorm_to_affine, anchors=frozenset({"BatchNormalization"})),
+    Pass("matmul_add_to_gemm", 2, matmul_add_to_gemm, anchors=frozenset({"MatMul"})),
     Pass("fuse_bias_activation", 2, fuse_bias_activation),
     Pass("dead_code_after_fusion", 2, eliminate_dead_code),
 ]
@@ -76,7 +79,7 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
         raise ValueError(f"optimization level must be an int >= 0, got {level!r}")
     with shared_inference():
         for p in PASSES:
-            if p.level <= level:
+            if p.level <= level and not (p.anchors and p.anchors.isdisjoint(op_types(model))):
                 rewritten = p.function(model, store) if p.uses_store else p.function(model)
                 unchanged, model = rewritten is model, rewritten
                 if store is not None and not unchanged:
@@ -85,4 +88,9 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
     return model
 
 
-__all__ = ["PASSES", "Pass", "optimize"]
+def op_types(model: onnx.ModelProto) -> set[str]:
+    """The ai.onnx op types of the main graph's nodes."""
+    return {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")}
+
+
+__all__ = ["PASSES", "Pass", "op_types", "optimize"]

@@ -18,8 +18,10 @@ RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUnifor
               "Multinomial", "Bernoulli", "Dropout"}
 # a folded result bigger than this would bloat the saved model more than it saves at run time
 MAX_FOLDED_ELEMENTS = 1 << 22
-# nodes whose inputs hold at most this many elements in all are evaluated together
+# nodes whose inputs hold at most this many elements in all are evaluated together, in
+# models that fill at most BATCHED_OUTPUT elements (a bound on the memory they hold at once)
 BATCHED = 1024
+BATCHED_OUTPUT = 1 << 20
 
 
 def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMENTS
@@ -81,17 +83,37 @@ def _input_values(node, constants, max_elements):
 
 def _evaluate_small(model, wave) -> dict:
     """Output arrays by position in `wave` (node, input values) of the nodes with small
-    inputs (shape arithmetic, where making a model per node costs most), run as one model;
-    empty if that fails (node by node then names the node, or raises as it would)."""
+    inputs (shape arithmetic and fills, where making a model per node costs most), run as a
+    few models, each making at most BATCHED_OUTPUT elements of fills (all its results live
+    until it ends); a model that fails is left out (node by node then names the node, or
+    raises as it would)."""
     small = [k for k, (_, vs) in enumerate(wave) if sum(v.size for v in vs.values()) <= BATCHED]
-    if len(small) < 2:
-        return {}
-    inputs = {name: v for k in small for name, v in wave[k][1].items()}
-    try:
-        arrays = iter(_evaluate(model, [wave[k][0] for k in small], inputs))
-        return {k: [np.asarray(next(arrays)) for _ in wave[k][0].output] for k in small}
-    except Exception:  # noqa: BLE001 (see above)
-        return {}
+    arrays: dict = {}
+    for batch in _batches(small, wave):
+        if len(batch) < 2:
+            continue
+        inputs = {name: v for k in batch for name, v in wave[k][1].items()}
+        try:
+            results = iter(_evaluate(model, [wave[k][0] for k in batch], inputs))
+            made = {k: [np.asarray(next(results)) for _ in wave[k][0].output] for k in batch}
+        except Exception:  # noqa: BLE001 (see above)
+            made = {}
+        arrays.update(made)
+    return arrays
+
+
+def _batches(small, wave):
+    batch, filled = [], 0
+    for k in small:
+        node, values = wave[k]
+        size = _filled_elements(values, node) if node.op_type == "ConstantOfShape" else 0
+        if batch and filled + size > BATCHED_OUTPUT:
+            yield batch
+            batch, filled = [], 0
+        batch.append(k)
+        filled += size
+    if batch:
+        yield batch
 
 
 def _evaluate_one(model, node, values):
