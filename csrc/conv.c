@@ -49,6 +49,26 @@ static void im2col_block(const float *x, const struct conv_geometry *g, int64_t 
     }
 }
 
+/* The output step of a convolution: y = act(y + bias + residual), per output channel. */
+struct conv_output {
+    const float *bias, *residual;
+    int act;
+    float alpha, beta;
+};
+
+static void output_block(float *y, const float *bias, const float *residual, int64_t channels,
+                         size_t plane, size_t start, size_t count, int act, float alpha,
+                         float beta);
+
+/* The output step of output plane p (image p / out_c, channel p % out_c), while it is in cache. */
+static inline void finish_plane(const struct conv_output *o, float *y, int64_t p, int64_t out_c,
+                                size_t plane)
+{
+    output_block(y + (size_t)p * plane, o->bias != NULL ? o->bias + p % out_c : NULL,
+                 o->residual != NULL ? o->residual + (size_t)p * plane : NULL, 1, plane, 0, plane,
+                 o->act, o->alpha, o->beta);
+}
+
 static int is_pointwise(const struct conv_geometry *g)
 {
     return g->k_h == 1 && g->k_w == 1 && g->stride_h == 1 && g->stride_w == 1 &&
@@ -96,7 +116,8 @@ static void depthwise3x3_plane(const float *padded, int64_t pw, const float *wc,
 
 /* 3x3 depthwise over all planes, each through a per-thread zero-padded copy of its input. */
 static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int64_t batch,
-                             int64_t group, const float *w, int64_t out_c, float *y)
+                             int64_t group, const float *w, int64_t out_c, float *y,
+                             const struct conv_output *o)
 {
     int64_t per_channel = out_c / group;
     /* the padded plane holds every row and column a tap reads, the far pads included */
@@ -121,27 +142,39 @@ static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int6
             memcpy(padded + (size_t)(iy + g->pad_top) * pw + g->pad_left,
                    xc + (size_t)iy * g->in_w, sizeof(float) * (size_t)g->in_w);
         depthwise3x3_plane(padded, pw, w + (size_t)oc * 9, y + (size_t)p * plane, g);
+        finish_plane(o, y, p, out_c, plane);
     }
     free(scratch);
     return 0;
 }
 
-/* acc[i] (+)= sum of w[t] * src[t][i] over 1 to 4 taps, i in [0, n).  restrict parameters so
- * that GCC vectorises without a run-time alias check. */
-static inline void taps4(float *restrict acc, const float *restrict s0, const float *restrict s1,
-                         const float *restrict s2, const float *restrict s3, const float *w,
-                         int count, int first, int64_t n)
+/* acc[i] (+)= sum of w[t] * src[t][i] over `count` taps (1, 4 or 5), i in [0, n).  restrict
+ * parameters so that GCC vectorises without a run-time alias check. */
+static inline void tap_group(float *restrict acc, const float *restrict s0,
+                             const float *restrict s1, const float *restrict s2,
+                             const float *restrict s3, const float *restrict s4, const float *w,
+                             int count, int first, int64_t n)
 {
-    const float w0 = w[0], w1 = count > 1 ? w[1] : 0.0f, w2 = count > 2 ? w[2] : 0.0f,
-                w3 = count > 3 ? w[3] : 0.0f;
-    if (count == 4 && first)
-        for (int64_t i = 0; i < n; ++i) acc[i] = w0 * s0[i] + w1 * s1[i] + w2 * s2[i] + w3 * s3[i];
-    else if (count == 4)
-        for (int64_t i = 0; i < n; ++i) acc[i] += w0 * s0[i] + w1 * s1[i] + w2 * s2[i] + w3 * s3[i];
-    else if (first)
+    const float w0 = w[0];
+    if (count == 5) {
+        const float w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
+        if (first)
+            for (int64_t i = 0; i < n; ++i)
+                acc[i] = w0 * s0[i] + w1 * s1[i] + w2 * s2[i] + w3 * s3[i] + w4 * s4[i];
+        else
+            for (int64_t i = 0; i < n; ++i)
+                acc[i] += w0 * s0[i] + w1 * s1[i] + w2 * s2[i] + w3 * s3[i] + w4 * s4[i];
+    } else if (count == 4) {
+        const float w1 = w[1], w2 = w[2], w3 = w[3];
+        if (first)
+            for (int64_t i = 0; i < n; ++i) acc[i] = w0 * s0[i] + w1 * s1[i] + w2 * s2[i] + w3 * s3[i];
+        else
+            for (int64_t i = 0; i < n; ++i) acc[i] += w0 * s0[i] + w1 * s1[i] + w2 * s2[i] + w3 * s3[i];
+    } else if (first) {
         for (int64_t i = 0; i < n; ++i) acc[i] = w0 * s0[i];
-    else
+    } else {
         for (int64_t i = 0; i < n; ++i) acc[i] += w0 * s0[i];
+    }
 }
 
 /* Geometry of a depthwise plane laid out by phase: the zero-padded input plane (ph x pw) split
@@ -151,7 +184,9 @@ static inline void taps4(float *restrict acc, const float *restrict s0, const fl
  * a "wide" output of out_h rows qw long (qw - out_w junk columns per row), every tap is one
  * contiguous run of the phase plane at a fixed offset. */
 struct phased {
-    int64_t qh, qw, plane, size; /* size: all phases plus the tail the last junk columns read */
+    int64_t qh, qw, plane;
+    int64_t wide; /* out_h * qw rounded up to whole vectors: no scalar tail */
+    int64_t size; /* all phases plus the tail that the last junk columns read */
 };
 
 static struct phased phased_layout(const struct conv_geometry *g)
@@ -164,78 +199,90 @@ static struct phased phased_layout(const struct conv_geometry *g)
     p.qh = (ph + g->stride_h - 1) / g->stride_h;
     p.qw = (pw + g->stride_w - 1) / g->stride_w;
     p.plane = p.qh * p.qw;
-    p.size = g->stride_h * g->stride_w * p.plane + ((g->k_w - 1) * g->dil_w) / g->stride_w + 1;
+    p.wide = (g->out_h * p.qw + 7) / 8 * 8;
+    p.size = g->stride_h * g->stride_w * p.plane + ((g->k_w - 1) * g->dil_w) / g->stride_w + 1
+             + (p.wide - g->out_h * p.qw);
     return p;
 }
 
-/* One depthwise output plane through the phase layout: buf (p->size floats) and wide
- * (out_h * qw floats) are the calling thread's scratch. */
+/* One depthwise output plane through the phase layout: offsets[t] is where tap t starts in
+ * buf; buf (p->size floats) and wide (p->wide floats) are the calling thread's scratch. */
 VECTOR_CLONES
 static void depthwise_phased_plane(const float *xc, const float *wc, float *yc,
                                    const struct conv_geometry *g, const struct phased *p,
-                                   float *buf, float *wide)
+                                   const int64_t *offsets, float *buf, float *wide)
 {
     int64_t sh = g->stride_h, sw = g->stride_w;
     memset(buf, 0, sizeof(float) * (size_t)p->size);
-    for (int64_t iy = 0; iy < g->in_h; ++iy) {
-        int64_t py = iy + g->pad_top;
+    /* padded row iy + pad_top is row r of row phase `phase`: counted, not divided, per row */
+    int64_t phase = g->pad_top % sh, r = g->pad_top / sh;
+    for (int64_t iy = 0; iy < g->in_h; ++iy, ++phase == sh ? (phase = 0, ++r) : 0) {
         const float *xrow = xc + (size_t)iy * g->in_w;
-        float *row = buf + ((py % sh) * sw * p->qh + py / sh) * p->qw;
+        float *row = buf + (phase * sw * p->qh + r) * p->qw;
         if (sw == 1) {
-            memcpy(row + g->pad_left, xrow, sizeof(float) * (size_t)g->in_w);
+            for (int64_t ix = 0; ix < g->in_w; ++ix) row[g->pad_left + ix] = xrow[ix];
             continue;
         }
-        for (int64_t phase = 0; phase < sw; ++phase) {
-            /* the input columns of this phase: ix + pad_left = c * sw + phase */
-            int64_t first = ((phase - g->pad_left) % sw + sw) % sw;
-            float *dst = row + phase * p->plane + (first + g->pad_left) / sw;
-            for (int64_t ix = first, c = 0; ix < g->in_w; ix += sw, ++c)
+        /* input column ix lands in column phase px at c, ix + pad_left = c * sw + px: the
+         * columns ix0, ix0 + sw, ... share a phase and fill it left to right */
+        int64_t px = g->pad_left % sw, c0 = g->pad_left / sw;
+        for (int64_t ix0 = 0; ix0 < sw && ix0 < g->in_w; ++ix0, ++px == sw ? (px = 0, ++c0) : 0) {
+            float *dst = row + px * p->plane + c0;
+            for (int64_t ix = ix0, c = 0; ix < g->in_w; ix += sw, ++c)
                 dst[c] = xrow[ix];
         }
     }
-    int64_t taps = g->k_h * g->k_w, n = g->out_h * p->qw;
-    const float *src[4];
-    for (int64_t t = 0; t < taps; t += 4) {
-        int count = taps - t < 4 ? (int)(taps - t) : 4;
-        for (int k = 0; k < 4; ++k) {
-            int64_t tap = t + (k < count ? k : 0), dy = (tap / g->k_w) * g->dil_h,
-                    dx = (tap % g->k_w) * g->dil_w;
-            src[k] = buf + ((dy % sh) * sw + dx % sw) * p->plane + (dy / sh) * p->qw + dx / sw;
-        }
-        if (count == 4)
-            taps4(wide, src[0], src[1], src[2], src[3], wc + t, 4, t == 0, n);
+    int64_t taps = g->k_h * g->k_w, n = p->wide, group = taps % 5 == 0 ? 5 : 4;
+    const float *src[5];
+    for (int64_t t = 0; t < taps; t += group) {
+        int count = taps - t < group ? (int)(taps - t) : (int)group;
+        for (int k = 0; k < count; ++k)
+            src[k] = buf + offsets[t + k];
+        if (count == group)
+            tap_group(wide, src[0], src[1], src[2], src[3], src[count - 1], wc + t, count, t == 0, n);
         else
             for (int k = 0; k < count; ++k)
-                taps4(wide, src[k], src[k], src[k], src[k], wc + t + k, 1, t == 0 && k == 0, n);
+                tap_group(wide, src[k], src[k], src[k], src[k], src[k], wc + t + k, 1,
+                          t == 0 && k == 0, n);
     }
     for (int64_t oy = 0; oy < g->out_h; ++oy)
-        memcpy(yc + (size_t)oy * g->out_w, wide + (size_t)oy * p->qw,
-               sizeof(float) * (size_t)g->out_w);
+        for (int64_t ox = 0; ox < g->out_w; ++ox)
+            yc[oy * g->out_w + ox] = wide[oy * p->qw + ox];
 }
 
 /* Depthwise convolution of any kernel size, stride and dilation through the phase layout,
  * parallel over planes. */
 static int conv_depthwise_phased(const float *x, const struct conv_geometry *g, int64_t batch,
-                                 int64_t group, const float *w, int64_t out_c, float *y)
+                                 int64_t group, const float *w, int64_t out_c, float *y,
+                                 const struct conv_output *o)
 {
     int64_t per_channel = out_c / group, taps = g->k_h * g->k_w;
     struct phased p = phased_layout(g);
     size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
-    size_t scratch_floats = (size_t)p.size + (size_t)g->out_h * p.qw;
+    size_t scratch_floats = (size_t)p.size + (size_t)p.wide;
     int64_t planes = (int64_t)batch * out_c;
     int threads = threads_for((size_t)planes * plane * taps);
     float *scratch = malloc(sizeof(float) * scratch_floats * threads);
-    if (scratch == NULL)
+    int64_t *offsets = malloc(sizeof(int64_t) * (size_t)taps);
+    if (scratch == NULL || offsets == NULL) {
+        free(scratch), free(offsets);
         return -1;
+    }
+    for (int64_t t = 0; t < taps; ++t) {
+        int64_t dy = (t / g->k_w) * g->dil_h, dx = (t % g->k_w) * g->dil_w;
+        offsets[t] = ((dy % g->stride_h) * g->stride_w + dx % g->stride_w) * p.plane
+                     + (dy / g->stride_h) * p.qw + dx / g->stride_w;
+    }
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t q = 0; q < planes; ++q) {
         int64_t b = q / out_c, oc = q % out_c;
         float *buf = scratch + scratch_floats * omp_get_thread_num();
         depthwise_phased_plane(x + ((size_t)b * group + (size_t)(oc / per_channel)) * in_plane,
-                               w + (size_t)oc * taps, y + (size_t)q * plane, g, &p, buf,
-                               buf + p.size);
+                               w + (size_t)oc * taps, y + (size_t)q * plane, g, &p, offsets,
+                               buf, buf + p.size);
+        finish_plane(o, y, q, out_c, plane);
     }
-    free(scratch);
+    free(scratch), free(offsets);
     return 0;
 }
 
@@ -403,13 +450,12 @@ int conv2d_f32(const float *x, int64_t batch, int64_t in_c, int64_t in_h, int64_
     size_t plane = (size_t)out_h * out_w, in_plane = (size_t)in_h * in_w;
     if (plane == 0 || out_c == 0 || batch == 0)
         return 0;
-    if (g.channels == 1 && group > 1 && k_h == 3 && k_w == 3) {
-        if (conv_depthwise3x3(x, &g, batch, group, w, out_c, y) != 0)
-            return -1;
-    } else if (g.channels == 1 && group > 1) {
-        if (conv_depthwise_phased(x, &g, batch, group, w, out_c, y) != 0)
-            return -1;
-    } else if (depth == 0) {
+    struct conv_output o = {bias, residual, act, act_alpha, act_beta};
+    if (g.channels == 1 && group > 1 && k_h == 3 && k_w == 3)
+        return conv_depthwise3x3(x, &g, batch, group, w, out_c, y, &o);
+    if (g.channels == 1 && group > 1)
+        return conv_depthwise_phased(x, &g, batch, group, w, out_c, y, &o);
+    if (depth == 0) {
         memset(y, 0, sizeof(float) * (size_t)batch * out_c * plane);
     } else if (is_pointwise(&g)) {
         for (int64_t b = 0; b < batch; ++b)
