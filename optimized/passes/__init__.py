@@ -49,7 +49,8 @@ PASSES: list[Pass] = [
     # before constant folding, which would turn the quantized weights into float ones
     Pass("qdq_matmul_nbits", 1, fuse_dequantize_matmul, anchors=frozenset({"DequantizeLinear"})),
     Pass("constant_folding", 1, fold_constants),
-    Pass("large_fill_folding", 1, fold_large_fills, uses_store=True),
+    Pass("large_fill_folding", 1, fold_large_fills, uses_store=True,
+         anchors=frozenset({"ConstantOfShape"})),
     Pass("identity_elimination", 1, eliminate_identities),
     Pass("cse", 1, eliminate_common_subexpressions),
     Pass("dead_code", 1, eliminate_dead_code),
