@@ -118,12 +118,44 @@ static void axpy_portable(const float *b, int64_t n, int64_t k, int cols, const 
 }
 
 #if defined(__x86_64__)
-/* As axpy_portable with fused multiply-adds, four rows of b per pass over the accumulators. */
+/* As axpy_portable with fused multiply-adds, eight rows of b per pass over the accumulators
+ * (then four, then one): each accumulator takes its products in the order of t either way, so
+ * the pass width changes how often the accumulators go through L1, not the result. */
 AVX2 static void axpy_avx2(const float *b, int64_t n, int64_t k, int cols, const float *a,
                            int64_t lda, int m, float *acc)
 {
     int body = cols & ~7;
     int64_t t = 0;
+    for (; t + 8 <= k; t += 8) {
+        const float *r0 = b + t * n, *r1 = r0 + n, *r2 = r1 + n, *r3 = r2 + n;
+        const float *r4 = r3 + n, *r5 = r4 + n, *r6 = r5 + n, *r7 = r6 + n;
+        for (int i = 0; i < m; ++i) {
+            const float *ai = a + i * lda + t;
+            float *yi = acc + i * cols;
+            __m256 a0 = _mm256_set1_ps(ai[0]), a1 = _mm256_set1_ps(ai[1]);
+            __m256 a2 = _mm256_set1_ps(ai[2]), a3 = _mm256_set1_ps(ai[3]);
+            __m256 a4 = _mm256_set1_ps(ai[4]), a5 = _mm256_set1_ps(ai[5]);
+            __m256 a6 = _mm256_set1_ps(ai[6]), a7 = _mm256_set1_ps(ai[7]);
+            for (int j = 0; j < body; j += 8) {
+                __m256 y = _mm256_loadu_ps(yi + j);
+                y = _mm256_fmadd_ps(a0, _mm256_loadu_ps(r0 + j), y);
+                y = _mm256_fmadd_ps(a1, _mm256_loadu_ps(r1 + j), y);
+                y = _mm256_fmadd_ps(a2, _mm256_loadu_ps(r2 + j), y);
+                y = _mm256_fmadd_ps(a3, _mm256_loadu_ps(r3 + j), y);
+                y = _mm256_fmadd_ps(a4, _mm256_loadu_ps(r4 + j), y);
+                y = _mm256_fmadd_ps(a5, _mm256_loadu_ps(r5 + j), y);
+                y = _mm256_fmadd_ps(a6, _mm256_loadu_ps(r6 + j), y);
+                y = _mm256_fmadd_ps(a7, _mm256_loadu_ps(r7 + j), y);
+                _mm256_storeu_ps(yi + j, y);
+            }
+            for (int j = body; j < cols; ++j) {
+                float y = fmaf(ai[3], r3[j], fmaf(ai[2], r2[j], fmaf(ai[1], r1[j],
+                                                                    fmaf(ai[0], r0[j], yi[j]))));
+                yi[j] = fmaf(ai[7], r7[j], fmaf(ai[6], r6[j], fmaf(ai[5], r5[j],
+                                                                  fmaf(ai[4], r4[j], y))));
+            }
+        }
+    }
     for (; t + 4 <= k; t += 4) {
         const float *r0 = b + t * n, *r1 = r0 + n, *r2 = r1 + n, *r3 = r2 + n;
         for (int i = 0; i < m; ++i) {
