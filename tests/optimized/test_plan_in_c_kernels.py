@@ -10,10 +10,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from optimized import kernels
-from optimized._kernels import lib
 from optimized.cpu import C_STEPS, KERNELS
-from optimized.passes.gqa_fusion import (GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED,
-                                         grouped_attention_function)
+from optimized.passes.gqa_fusion import (
+    GROUPED_ATTENTION,
+    GROUPED_ATTENTION_MASKED,
+    grouped_attention_function,
+)
 from optimized.passes.rotary_fusion import ROTARY, ROTARY_INTERLEAVED, rotary_function
 from optimized.passes.silu_mlp_fusion import FUSED_DOMAIN
 from optimized.plan import PY, C, Plan
@@ -21,6 +23,7 @@ from reference.agreement import check_node
 from reference.evaluator import ReferenceEvaluator
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
+lib = kernels.lib  # the step kinds (PLAN_*)
 MS = "com.microsoft"
 
 
@@ -301,3 +304,22 @@ def test_a_compiled_run_keeps_no_feed_or_output_alive():
     del x, y
     gc.collect()
     assert [ref() for ref in watched] == [None, None]
+
+
+@pytest.fixture
+def two_threads():
+    before = kernels.get_num_threads()
+    kernels.set_num_threads(2)
+    yield
+    kernels.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_convolutions_at_two_threads(name, two_threads):
+    # the oneDNN primitive is planned per thread count: the table keeps the one recorded
+    x_shape, w_shape, attrs = CONVS[name]
+    model = conv_model(x_shape, w_shape, attrs, fused=True)
+    feeds = {"x": RNG.standard_normal(x_shape).astype(np.float32)}
+    got, want, compiled, _ = run_both(model, feeds)
+    assert_identical(got, want)
+    assert step_kinds(compiled) == [conv_kind(name)]
