@@ -32,6 +32,10 @@ class IOBinding:
         self._inputs: dict = {}
         self._outputs: dict[str, tuple[OrtDevice, OrtValue | None]] = {}
         self._results: list[OrtValue] = []
+        # a generation loop binds ~20 names a step: the model's names are listed once
+        self._known_inputs = [i.name for i in session.get_inputs()]
+        self._known_inputs += [i.name for i in session.get_overridable_initializers()]
+        self._known_outputs = [o.name for o in session.get_outputs()]
 
     # inputs ---------------------------------------------------------------------------
     def bind_cpu_input(self, name: str, arr_on_cpu) -> None:
@@ -97,14 +101,13 @@ class IOBinding:
 
     # names ----------------------------------------------------------------------------
     def _input_name(self, name: str) -> str:
-        known = [i.name for i in self._session.get_inputs()]
-        known += [i.name for i in self._session.get_overridable_initializers()]
+        known = self._known_inputs
         if name not in known:
             raise UnknownBindingName(f"bind: unknown input {name!r}; the model's inputs are {known}")
         return name
 
     def _output_name(self, name: str) -> str:
-        known = [o.name for o in self._session.get_outputs()]
+        known = self._known_outputs
         if name not in known:
             raise UnknownBindingName(f"bind: unknown output {name!r}; the model's outputs are {known}")
         return name
@@ -121,7 +124,7 @@ class IOBinding:
 
     def set_results(self, values: list) -> None:
         """Results of a run: written into preallocated outputs, else wrapped as new OrtValues."""
-        names = list(self._outputs) or [o.name for o in self._session.get_outputs()]
+        names = list(self._outputs) or self._known_outputs
         results = []
         for name, value in zip(names, values):
             device, target = self._outputs.get(name, (OrtDevice(0), None))
