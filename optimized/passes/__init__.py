@@ -10,7 +10,7 @@ import onnx
 
 from reference.weights import WeightStore, detach_initializers
 
-from ._graph import shared_inference
+from ._graph import shared_inference, weights_into
 from .attention_fusion import fuse_attention
 from .batchnorm_to_affine import batchnorm_to_affine
 from .constant_folding import fold_constants
@@ -78,7 +78,7 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
         raise TypeError(f"optimize expects an onnx.ModelProto, got {type(model).__name__}")
     if not isinstance(level, int) or level < 0:
         raise ValueError(f"optimization level must be an int >= 0, got {level!r}")
-    with shared_inference():
+    with shared_inference(), weights_into(store):
         for p in PASSES:
             if p.level <= level and not (p.anchors and p.anchors.isdisjoint(op_types(model))):
                 rewritten = p.function(model, store) if p.uses_store else p.function(model)

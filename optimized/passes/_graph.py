@@ -3,6 +3,7 @@ values and splicing nodes, all on the main graph of a ModelProto."""
 from __future__ import annotations
 
 import math
+import sys
 from collections import OrderedDict
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -11,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
-from reference.weights import tensor_array
+from reference.weights import SMALL_TENSOR, WeightStore, tensor_array
 
 MS_DOMAIN = "com.microsoft"
 # the ops our fusions write as model-local functions, whose bodies the reference runs
@@ -181,9 +182,45 @@ def attr(node, name, default=None):
 
 
 def add_initializer(graph, base: str, array: np.ndarray, taken: set[str] | None = None) -> str:
+    """A new initializer of the main graph holding `array`, under a name made from `base`."""
     name = unique_name(graph, base, taken)
-    graph.initializer.append(numpy_helper.from_array(array, name))
+    graph.initializer.append(initializer(name, array))
     return name
+
+
+# inside weights_into(store): the store that new large initializers go to straight away
+_STORE: ContextVar[WeightStore | None] = ContextVar("weight_store", default=None)
+# element types a store holds as the plain little-endian bytes of their numpy array
+_STORED_DTYPES = {np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int8, np.int16,
+                                         np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                                         np.uint64, np.bool_)}
+
+
+@contextmanager
+def weights_into(store: WeightStore | None):
+    """initializer() makes large tensors of the main graph as stubs in `store` meanwhile."""
+    token = _STORE.set(store)
+    try:
+        yield
+    finally:
+        _STORE.reset(token)
+
+
+def initializer(name: str, array: np.ndarray) -> onnx.TensorProto:
+    """A main-graph initializer holding `array`: inside weights_into, a large one is a stub of
+    the store that keeps `array` itself (its bytes are never copied into a TensorProto, only to
+    be moved out again when the pass is done), else numpy_helper.from_array."""
+    store = _STORE.get()
+    array = np.asarray(array)
+    if (store is None or array.size <= SMALL_TENSOR or array.dtype not in _STORED_DTYPES
+            or sys.byteorder != "little" or array.dtype.byteorder == ">"):
+        return numpy_helper.from_array(array, name)
+    if not (array.flags.c_contiguous and array.flags.owndata):
+        array = np.array(array, order="C")  # the store's array is its own, read-only
+    tensor = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                              dims=array.shape)
+    store.stub(tensor, array)
+    return tensor
 
 
 def taken_names(graph) -> set[str]:

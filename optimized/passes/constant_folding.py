@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 from reference import ReferenceEvaluator
 from reference.errors import ReferenceError_
 
-from ._graph import Constants, copy_model, graph_output_names, set_nodes, subgraphs
+from ._graph import Constants, copy_model, graph_output_names, initializer, set_nodes, subgraphs
 
 # a different value on every run, so never a constant
 RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
@@ -51,8 +51,7 @@ def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMEN
             arrays = _kept(nodes[i], arrays, max_elements)
             if arrays is None:
                 continue
-            folded[i] = [numpy_helper.from_array(value, name)
-                         for name, value in zip(nodes[i].output, arrays)]
+            folded[i] = [initializer(name, value) for name, value in zip(nodes[i].output, arrays)]
             constants.tensors.update((t.name, t) for t in folded[i])
     graph.initializer.extend(t for i in sorted(folded) for t in folded[i])
     if folded and model.ir_version < 4:

@@ -187,3 +187,27 @@ def test_a_pass_skipped_for_want_of_its_anchors_would_change_nothing(p):
         rewritten = p.function(model)
         assert rewritten.SerializeToString() == model.SerializeToString(), p.name
 
+
+
+def test_weights_a_pass_makes_go_to_the_store_without_a_copy_in_the_model(monkeypatch):
+    import optimized.passes
+    from reference.weights import WeightStore, attached, is_stub, tensor_array
+
+    # no detaching after each pass: the stub must be the pass's own
+    monkeypatch.setattr(optimized.passes, "detach_initializers", lambda model, store: None)
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((32, 3, 5, 3)).astype(np.float32)  # 1440 elements: a store's
+    scale = rng.standard_normal((32, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Mul", ["c", "scale"], ["y"])]
+    model = make_model(nodes, [("x", [1, 3, 7, 6])], [("y", [1, 32, 3, 4])],
+                       {"w": w, "scale": scale})
+    store = WeightStore()
+    rewritten = optimize(model, 2, store)
+    folded = [t for t in rewritten.graph.initializer if t.name not in ("w", "scale")]
+    assert len(folded) == 2 and is_stub(folded[0]) and not folded[0].raw_data
+    np.testing.assert_allclose(tensor_array(folded[0]), w * scale.reshape(32, 1, 1, 1),
+                               rtol=1e-6)
+    assert not is_stub(folded[1])  # the bias: 32 elements stay in the model
+    assert_same_outputs(model, attached(rewritten))  # onnx's checker reads no stub
