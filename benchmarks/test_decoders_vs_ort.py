@@ -16,7 +16,9 @@ Workloads, each at 1 and 2 threads (group `<model>-<workload>-t<threads>`):
   codes, scales and zero points, plus one embedding row; decoders.weight_bytes) over the median;
 - `generate`: examples/generate.py's greedy loop, 64 new tokens after the 128-token prompt
   (its prefill included); `tokens_per_s` is 64 / median. Unlike `decode`, whose rounds repeat
-  one step with the same shapes, every step here has a new cache length.
+  one step with the same shapes, every step here has a new cache length (optimized runs them
+  through one step table shared by those signatures, optimized/plan_shapes.py, after its
+  first generation has taught it the pattern).
 
 optimized runs at level 99 (ORT_ENABLE_ALL); onnxruntime at ORT_ENABLE_ALL, sequential,
 inter_op_num_threads 1; both with the same intra_op_num_threads. The test's process builds each

@@ -6,7 +6,10 @@ decoder made here (benchmarks/decoders.py writes it as torch.onnx's dynamo expor
 
 The cache never leaves the runtime: each step's present.N.key/value outputs come back as
 OrtValues and are bound, as they are, as the next step's past_key_values.N.key/value inputs.
-Nothing is copied to NumPy but the logits of the last position.
+Nothing is copied to NumPy but the logits of the last position. On optimized, every step has
+a new cache length, so a new input signature: from the fifth run on they all go through one
+compiled step table that the plan shares between signatures differing only in that length
+(optimized/plan_shapes.py).
 """
 from __future__ import annotations
 
