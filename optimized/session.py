@@ -287,7 +287,9 @@ class InferenceSession:
             raise InvalidArgument(f"outputs {on_device} are bound to cuda, but this session runs "
                                   f"on {self._providers}")
         feeds = iobinding.feeds()
-        if not on_device and all(isinstance(v, (np.ndarray, OrtValue)) for v in feeds.values()):
+        if run_options is None and self._checked_feeds.passed(feeds):
+            pass  # plain arrays of the inputs' types, as run()'s fast path (a generation loop)
+        elif not on_device and all(isinstance(v, (np.ndarray, OrtValue)) for v in feeds.values()):
             feeds = self._prepare_feeds(feeds, run_options)
         with as_run_errors():
             if on_device:
