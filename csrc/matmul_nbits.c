@@ -408,7 +408,9 @@ static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, 
             #pragma omp atomic write
             status = -1;
         } else {
-            #pragma omp for schedule(static)
+            /* panels taken as threads come free, as in gemv_rows: a thread the OS runs late
+             * takes fewer (a panel is a whole GEMM, so taking one from the queue costs little) */
+            #pragma omp for schedule(dynamic, 1)
             for (int p = 0; p < panels; ++p) {
                 int row0 = p * rows, count = w->n - row0 < rows ? w->n - row0 : rows;
                 for (int r = 0; r < count; ++r) {
