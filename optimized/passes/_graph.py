@@ -289,10 +289,19 @@ def scalar_through_cast(constants: Constants, made_by: dict, name: str):
 
 def splice(nodes: list, old: list, new: list) -> list:
     """`nodes` with `old` replaced by `new`, placed where the last of `old` stood."""
-    ids = {id(n) for n in old}
-    last = max(i for i, n in enumerate(nodes) if id(n) in ids)
-    kept = [n for n in nodes[:last] if id(n) not in ids] + list(new)
-    return kept + [n for n in nodes[last + 1:] if id(n) not in ids]
+    # positions found by list.index over the nodes' ids (a pass splices once per match, so a
+    # Python loop over every node each time made fusing a large graph quadratic in Python)
+    node_ids = list(map(id, nodes))
+    positions = sorted({node_ids.index(i) for i in set(map(id, old)) if i in node_ids})
+    if not positions:
+        raise ValueError("splice: none of the nodes to replace is in the list")
+    spliced, start = [], 0
+    for i in positions:
+        spliced.extend(nodes[start:i])
+        start = i + 1
+    spliced.extend(new)
+    spliced.extend(nodes[start:])
+    return spliced
 
 
 class Shapes:
