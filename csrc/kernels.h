@@ -26,9 +26,12 @@ enum kernel_binary_op { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_
 
 enum kernel_reduction { RED_SUM = 0, RED_MEAN = 1, RED_MAX = 2 };
 
-/* One thread count for both the BLAS and the OpenMP loops. */
+/* One thread count for both the BLAS and the OpenMP loops.  kernels_get_num_threads is what
+ * a kernel's team gets now: 1 while the machine is oversubscribed (threads.c), else the
+ * configured count, which kernels_configured_threads gives. */
 void kernels_set_num_threads(int n);
 int kernels_get_num_threads(void);
+int kernels_configured_threads(void);
 
 /* y[i] = max(x[i], 0); NaN passes through.  x and y may alias. */
 void relu_f32(const float *x, float *y, size_t n);

@@ -227,7 +227,7 @@ static onednn_conv *create_locked(const int64_t *geometry, const float *w, const
         snprintf(last_error, sizeof last_error, "out of memory");
         return NULL;
     }
-    c->threads = kernels_get_num_threads();
+    c->threads = kernels_configured_threads();
     omp_set_num_threads(c->threads); /* the primitive is built for the threads it will run on */
 
     CHECK(dnnl.dnnl_memory_desc_create_with_tag(&user_src, 4, src_dims, dnnl_f32, dnnl_nchw), "source desc");

@@ -106,7 +106,7 @@ def set_num_threads(n: int) -> None:
 
 
 def get_num_threads() -> int:
-    return lib.kernels_get_num_threads()
+    return lib.kernels_configured_threads()
 
 
 def available_cpus() -> int:

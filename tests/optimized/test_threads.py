@@ -122,3 +122,50 @@ def test_outputs_do_not_depend_on_the_thread_count(level):
     # 6624 (the MatMul), blocked differently from the reference's NumPy
     for got, want in zip(outputs[2], ReferenceEvaluator(model).run(None, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# Prints the configured thread count and the count a kernel's team gets now, at 2 threads.
+TEAM_PROBE = """
+import optimized.kernels as k
+k.set_num_threads(2)
+print(k.get_num_threads(), k.lib.kernels_get_num_threads())
+"""
+
+
+@pytest.mark.parametrize("setting, team", [
+    ("0", 1),  # a load of 0 per CPU or more: always oversubscribed, so teams of one
+    ("ignore", 2),  # every configured thread whatever the load
+    ("1000000", 2),  # no machine carries a million tasks per CPU
+])
+def test_oversubscribed_machine_runs_kernels_on_the_calling_thread(setting, team):
+    environment = dict(os.environ, ONNX_PARITY_BUSY_MACHINE=setting)
+    done = subprocess.run([sys.executable, "-c", TEAM_PROBE], env=environment,
+                          capture_output=True, text=True, timeout=120, check=True)
+    configured, now = map(int, done.stdout.split())
+    assert (configured, now) == (2, team)
+
+
+def test_results_do_not_depend_on_the_machine_being_busy():
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Softmax", ["y"], ["z"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [37, 96])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [37, 200])],
+        [numpy_helper.from_array(np.random.default_rng(3).standard_normal((96, 200), np.float32),
+                                 "w")]), opset_imports=[helper.make_opsetid("", 21)])
+    script = f"""
+import sys, numpy as np, optimized
+options = optimized.SessionOptions(); options.intra_op_num_threads = 2
+session = optimized.InferenceSession(sys.stdin.buffer.read(), options)
+x = np.random.default_rng(4).standard_normal((37, 96), np.float32)
+sys.stdout.write(session.run(None, {{"x": x}})[0].tobytes().hex())
+"""
+    outputs = []
+    for setting in ("0", "ignore"):
+        environment = dict(os.environ, ONNX_PARITY_BUSY_MACHINE=setting)
+        done = subprocess.run([sys.executable, "-c", script], env=environment,
+                              input=model.SerializeToString(), capture_output=True,
+                              timeout=120, check=True)
+        outputs.append(np.frombuffer(bytes.fromhex(done.stdout.decode()), np.float32))
+    # the GEMM splits its columns across a team of two, which may round differently
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-6)
+    assert outputs[0].size == 37 * 200
