@@ -93,7 +93,8 @@ def _evaluate_small(model, wave) -> dict:
             continue
         inputs = {name: v for k in batch for name, v in wave[k][1].items()}
         try:
-            results = iter(_evaluate(model, [wave[k][0] for k in batch], inputs))
+            results = iter(_evaluate(model, [wave[k][0] for k in batch], inputs,
+                                     max_made=BATCHED_OUTPUT))
             made = {k: [np.asarray(next(results)) for _ in wave[k][0].output] for k in batch}
         except Exception:  # noqa: BLE001 (see above)
             made = {}
@@ -147,7 +148,10 @@ def _filled_elements(values: dict, node) -> int:
     return math.prod(int(d) for d in shape) if np.all(shape >= 0) else 0
 
 
-def _evaluate(model, nodes, values):
+def _evaluate(model, nodes, values, max_made=None):
+    """The nodes' outputs; past `max_made` elements made in all it stops (MemoryError): ops
+    such as Expand or Tile make far more than their small inputs hold, and a model keeps every
+    result until it ends."""
     graph = helper.make_graph(
         nodes, "fold",
         inputs=[],
@@ -157,5 +161,12 @@ def _evaluate(model, nodes, values):
     fold = helper.make_model(graph, opset_imports=list(model.opset_import),
                              functions=list(model.functions), ir_version=model.ir_version)
     # the graph outputs in order (run() looks each one up in a list: quadratic in a wave)
-    return [r.value for r in ReferenceEvaluator(fold, check=False).iter_results({})
-            if r.kind == "output" and not r.path]
+    outputs, made = [], 0
+    for r in ReferenceEvaluator(fold, check=False).iter_results({}):
+        if r.kind == "result" and max_made is not None:
+            made += getattr(r.value, "size", 0)
+            if made > max_made:
+                raise MemoryError(f"constant folding: more than {max_made} elements made")
+        elif r.kind == "output" and not r.path:
+            outputs.append(r.value)
+    return outputs

@@ -1,4 +1,6 @@
 """constant_folding: nodes whose inputs are all constants become initializers."""
+import tracemalloc
+
 import numpy as np
 from onnx import helper, numpy_helper
 
@@ -134,3 +136,25 @@ def test_a_failing_node_leaves_the_others_that_are_evaluated_with_it_folded():
     assert initializer(folded, "shape").tolist() == [2, 3]
     assert initializer(folded, "k1").tolist() == [2, 3]
     assert "bad" not in {i.name for i in folded.graph.initializer}
+
+
+def test_nodes_evaluated_together_do_not_hold_all_their_large_results_at_once():
+    # Expand makes far more than its small inputs hold; eight of them in one wave, each past
+    # the folding limit (so all stay nodes), must not all live at once as they would in one
+    # model: at most about BATCHED_OUTPUT elements and the node being made
+    side = 1024  # each result: 1M float32, 4 MiB
+    nodes = [helper.make_node("Expand", [f"v{i}", "shape"], [f"e{i}"]) for i in range(8)]
+    nodes += [helper.make_node("Add", ["x", f"e{i}"], [f"y{i}"]) for i in range(8)]
+    inits = {f"v{i}": np.array([i], np.float32) for i in range(8)}
+    inits["shape"] = np.array([side, side], np.int64)
+    model = make_model(nodes, [("x", [side, side])], [(f"y{i}", [side, side]) for i in range(8)],
+                       inits)
+    tracemalloc.start()
+    try:
+        folded = fold_constants(model, max_elements=1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert op_types(folded) == {"Expand": 8, "Add": 8}
+    one_result = side * side * 4
+    assert peak < 4 * one_result, f"peak {peak / one_result:.1f} results"
