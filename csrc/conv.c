@@ -250,6 +250,20 @@ static void depthwise_phased_plane(const float *xc, const float *wc, float *yc,
             yc[oy * g->out_w + ox] = wide[oy * p->qw + ox];
 }
 
+/* Whether the phase layout of a plane stays near the size of its input and output.  Each axis
+ * is rounded up to whole strides, so a stride far past the input (one output per axis) would
+ * make stride x stride mostly empty phase planes, and huge pads a huge padded plane; those go
+ * to im2col.  In double: the products may not fit int64. */
+static int phased_fits(const struct conv_geometry *g, size_t in_plane, size_t plane)
+{
+    double ph = (double)(g->out_h - 1) * g->stride_h + (double)(g->k_h - 1) * g->dil_h + 1.0;
+    double pw = (double)(g->out_w - 1) * g->stride_w + (double)(g->k_w - 1) * g->dil_w + 1.0;
+    if (ph < (double)g->in_h + g->pad_top) ph = (double)g->in_h + g->pad_top;
+    if (pw < (double)g->in_w + g->pad_left) pw = (double)g->in_w + g->pad_left;
+    double size = (ph + g->stride_h) * (pw + g->stride_w);
+    return size <= 4.0 * ((double)in_plane + (double)plane * g->k_h * g->k_w) + 65536.0;
+}
+
 /* Depthwise convolution of any kernel size, stride and dilation through the phase layout,
  * parallel over planes. */
 static int conv_depthwise_phased(const float *x, const struct conv_geometry *g, int64_t batch,
@@ -453,7 +467,7 @@ int conv2d_f32(const float *x, int64_t batch, int64_t in_c, int64_t in_h, int64_
     struct conv_output o = {bias, residual, act, act_alpha, act_beta};
     if (g.channels == 1 && group > 1 && k_h == 3 && k_w == 3)
         return conv_depthwise3x3(x, &g, batch, group, w, out_c, y, &o);
-    if (g.channels == 1 && group > 1)
+    if (g.channels == 1 && group > 1 && phased_fits(&g, in_plane, plane))
         return conv_depthwise_phased(x, &g, batch, group, w, out_c, y, &o);
     if (depth == 0) {
         memset(y, 0, sizeof(float) * (size_t)batch * out_c * plane);

@@ -140,3 +140,16 @@ def test_depthwise_model_shapes_and_threads(channels, hw, kernel, strides, pads,
     want = ref("HardSwish", ref("Conv", x, w, b, **attrs))
     got = kernels.conv2d(x, w, b, activation="HardSwish", **attrs)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_depthwise_stride_far_past_the_input(n_threads, threads):
+    """One output per axis from a stride far past the input: the phase layout would hold
+    stride x stride phase planes (2^20 x 2^20 of them, a failed 4 TiB allocation), so such a
+    convolution takes the im2col path and gives the reference's values."""
+    kernels.set_num_threads(n_threads)
+    x, w, b = arrays(1, 2, 3, 5, 4), arrays(2, 6, 1, 1, 2), arrays(3, 6)
+    attrs = {"group": 3, "strides": [2**20, 2**20], "pads": [0, 1, 0, 0]}
+    want = ref("HardSwish", ref("Conv", x, w, b, **attrs))
+    got = kernels.conv2d(x, w, b, activation="HardSwish", **attrs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
