@@ -27,6 +27,11 @@ MIN_FILL_ELEMENTS = 1 << 22
 # a fill past this stays a node: a session saving its optimized model (optimized_model_filepath)
 # writes the fill into it, and onnx.save stops at protobuf's 2 GiB
 MAX_FILL_BYTES = 1 << 30
+# types whose TensorProto packs several elements a byte: a store keeps (4-bit) such tensors as
+# their packed bytes, not as one element a byte as numpy's array holds them, so they stay nodes
+PACKED_TYPES = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2",
+                                                   "FLOAT6E2M3", "FLOAT6E3M2")
+                if hasattr(TensorProto, n)}
 
 
 def fold_large_fills(model: onnx.ModelProto, store: WeightStore | None = None
@@ -81,7 +86,8 @@ def _value(node):
     for a value the run should judge (not one element, or not held as its own type)."""
     for a in node.attribute:
         if a.name == "value":
-            if a.type != onnx.AttributeProto.TENSOR or a.t.data_type == TensorProto.STRING:
+            if (a.type != onnx.AttributeProto.TENSOR or a.t.data_type == TensorProto.STRING
+                    or a.t.data_type in PACKED_TYPES):
                 return None, None
             try:
                 value = numpy_helper.to_array(a.t)

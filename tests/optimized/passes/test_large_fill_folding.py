@@ -90,3 +90,18 @@ def test_session_matches_the_reference(threads):
     for _ in range(2):  # the second run goes through the compiled plan
         (y,) = session.run(None, {"x": x})
         np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_4_bit_fill_stays_a_node_and_matches_the_reference():
+    # a store keeps 4-bit tensors as packed bytes (two codes a byte), not as one code a byte
+    value = helper.make_tensor("value", TensorProto.INT4, [1], [3])
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["w"], value=value),
+             helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["wf", "x"], ["y"])]
+    model = make_model(nodes, [("x", [1])], [("y", [ROWS, COLS])],
+                       {"shape": np.asarray([ROWS, COLS], np.int64)}, opset=21)
+    assert op_types(fold_large_fills(model, WeightStore()))["ConstantOfShape"] == 1
+    x = np.ones(1, np.float32)
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    (y,) = optimized.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(y, expected)
