@@ -19,6 +19,7 @@ from ._graph import (
     set_nodes,
     splice,
     taken_names,
+    unique_name,
 )
 
 
@@ -42,7 +43,7 @@ def batchnorm_to_affine(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         scale, shift = (add_initializer(graph, f"{bn.output[0]}_{kind}", v, taken)
                         for kind, v in zip(("bn_scale", "bn_shift"), affine))
-        scaled = f"{bn.output[0]}_bn_scaled"
+        scaled = unique_name(graph, f"{bn.output[0]}_bn_scaled", taken)
         new = [helper.make_node("Mul", [bn.input[0], scale], [scaled], name=f"{bn.name}_scale"),
                helper.make_node("Add", [scaled, shift], [bn.output[0]], name=f"{bn.name}_shift")]
         nodes = splice(nodes, [bn], new)

@@ -61,3 +61,14 @@ def test_before_opset_7_it_is_kept():
     # Mul and Add there broadcast only with the legacy broadcast/axis attributes
     model = lone_bn([2, 3, 4, 4], opset=6, is_test=1)
     assert op_types(batchnorm_to_affine(model)) == op_types(model)
+
+
+def test_the_scaled_value_takes_a_name_no_value_of_the_graph_has():
+    # a graph input named as the pass would name its Mul's output must keep its own value
+    model = lone_bn([2, 3, 4])
+    model.graph.input.append(helper.make_tensor_value_info("y_bn_scaled", 1, [2, 3, 4]))
+    model.graph.node.append(helper.make_node("Add", ["y", "y_bn_scaled"], ["z"]))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", 1, [2, 3, 4]))
+    rewritten = batchnorm_to_affine(model)
+    assert "BatchNormalization" not in op_types(rewritten)
+    assert_same_outputs(model, rewritten)
