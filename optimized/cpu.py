@@ -790,8 +790,10 @@ def _conv_steps(ins, outs, *, auto_pad="NOTSET", dilations=None, group=1, pads=N
     x, w = ins[:2]
     b = ins[2] if len(ins) > 2 else None
     z = ins[3] if len(ins) > 3 else None
-    if len(x.shape) != 4 or w.value is None:
+    if len(x.shape) != 4 or w.value is None or len(w.shape) != 4:
         return None
+    if (b is not None and b.shape != w.shape[:1]) or (z is not None and z.shape != outs[0].shape):
+        return None  # one the reference broadcasts: conv2d_f32 would read past its end
     ties = _tied_filters(w.value, group) if z is None else None
     if ties is not None and b is not None:
         if b.value is None:
