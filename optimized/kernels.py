@@ -535,6 +535,8 @@ def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, stri
                   may_alias=(residual,) if residual is not None else ())
     if out.size == 0:
         return out
+    if residual is out:  # C writes the convolution into y before it adds the residual
+        residual = residual.copy()
     status = lib.conv2d_f32(
         _ptr(x), batch, channels, in_h, in_w, _ptr(w), out_c, k_h, k_w, group,
         strides[0], strides[1], begin[0], begin[1], dilations[0], dilations[1],

@@ -153,3 +153,18 @@ def test_depthwise_stride_far_past_the_input(n_threads, threads):
     want = ref("HardSwish", ref("Conv", x, w, b, **attrs))
     got = kernels.conv2d(x, w, b, activation="HardSwish", **attrs)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("kernel, group", [((3, 3), 4), ((5, 5), 4), ((5, 5), 2), ((2, 2), 1),
+                                           ((1, 1), 1)])
+def test_conv_into_its_residual(kernel, group):
+    """out=residual (which conv2d allows) gives act(conv + bias + residual), as a new output
+    does: the C kernels write the convolution into y before adding the residual."""
+    x, w, b = arrays(1, 2, 4, 6, 7), arrays(2, 4, 4 // group, *kernel), arrays(3, 4)
+    pads = [(kernel[0] - 1) // 2, (kernel[1] - 1) // 2, kernel[0] // 2, kernel[1] // 2]
+    residual = arrays(4, 2, 4, 6, 7)
+    want = ref("Relu", ref("Conv", x, w, b, group=group, pads=pads) + residual)
+    got = kernels.conv2d(x, w, b, group=group, pads=pads, residual=residual, out=residual,
+                         activation="Relu")
+    assert got is residual
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
