@@ -149,9 +149,9 @@ def _filled_elements(values: dict, node) -> int:
 
 
 def _evaluate(model, nodes, values, max_made=None):
-    """The nodes' outputs; past `max_made` elements made in all it stops (MemoryError): ops
-    such as Expand or Tile make far more than their small inputs hold, and a model keeps every
-    result until it ends."""
+    """The nodes' outputs; past `max_made` elements made in all (Constant nodes aside) it
+    stops (MemoryError): ops such as Expand or Tile make far more than their small inputs
+    hold, and a model keeps every result until it ends."""
     graph = helper.make_graph(
         nodes, "fold",
         inputs=[],
@@ -164,7 +164,8 @@ def _evaluate(model, nodes, values, max_made=None):
     outputs, made = [], 0
     for r in ReferenceEvaluator(fold, check=False).iter_results({}):
         if r.kind == "result" and max_made is not None:
-            made += getattr(r.value, "size", 0)
+            # a Constant's value is the model's already, and always kept
+            made += 0 if r.node.op_type == "Constant" else getattr(r.value, "size", 0)
             if made > max_made:
                 raise MemoryError(f"constant folding: more than {max_made} elements made")
         elif r.kind == "output" and not r.path:
