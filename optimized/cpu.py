@@ -49,10 +49,17 @@ def _binary(op):
     return kernel
 
 
+def _given_or_default(name, param_names, attrs):
+    """The activation's parameters in order, each absent attribute at its default: parameters
+    are positional, so a HardSigmoid giving beta alone must still pass alpha first."""
+    defaults = kernels.ACTIVATIONS[name][1]
+    return [attrs.get(p, d) for p, d in zip(param_names, defaults)]
+
+
 def _activation(name, *param_names):
     @float32_only
     def kernel(x, **attrs):
-        return kernels.activation(x, name, [attrs[p] for p in param_names if p in attrs])
+        return kernels.activation(x, name, _given_or_default(name, param_names, attrs))
 
     return kernel
 
@@ -471,7 +478,7 @@ def _binary_steps(op):
 def _activation_steps(name, *param_names):
     @_described
     def describe(ins, outs, **attrs):
-        params = [attrs[p] for p in param_names if p in attrs]
+        params = _given_or_default(name, param_names, attrs)
         return [kernels.activation_step(name, params, ins[0].slot, outs[0].slot, ins[0].shape)]
 
     return describe

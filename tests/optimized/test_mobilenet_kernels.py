@@ -168,3 +168,21 @@ def test_conv_into_its_residual(kernel, group):
                          activation="Relu")
     assert got is residual
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("attrs", [{"beta": 0.3}, {"alpha": 0.3}, {}])
+def test_hard_sigmoid_with_some_attributes_given(attrs):
+    """A HardSigmoid that sets beta alone keeps alpha's default 0.2 (the given beta is not
+    taken for alpha), as a Python kernel and as a C step."""
+    graph = helper.make_graph([helper.make_node("HardSigmoid", ["x"], ["y"], **attrs)], "t",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 50])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 50])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"x": arrays(6, 3, 50, scale=4.0)}
+    want = ref("HardSigmoid", feeds["x"], **attrs)
+    np.testing.assert_allclose(KERNELS[("", "HardSigmoid")](feeds["x"], **attrs), want,
+                               rtol=RTOL, atol=ATOL)
+    in_c = Plan(model, KERNELS, c_steps=C_STEPS)
+    for _ in range(3):
+        got = in_c.run(dict(feeds))
+    np.testing.assert_allclose(got[0], want, rtol=RTOL, atol=ATOL)
