@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from optimized._kernels import lib
+from optimized.kernels import lib
 from optimized.cpu import C_STEPS, KERNELS
 from optimized.plan import Plan
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from optimized import kernels
-from optimized._kernels import lib
+from optimized.kernels import lib
 from optimized.cpu import C_STEPS, KERNELS
 from optimized.plan import Plan
 from reference import ReferenceEvaluator
