@@ -291,6 +291,7 @@ class InferenceSession:
             pass  # plain arrays of the inputs' types, as run()'s fast path (a generation loop)
         elif not on_device and all(isinstance(v, (np.ndarray, OrtValue)) for v in feeds.values()):
             feeds = self._prepare_feeds(feeds, run_options)
+        self._set_num_threads(self._threads)  # as run(): sessions may differ
         with as_run_errors():
             if on_device:
                 outputs = self._plan.run(feeds, device_outputs=on_device)

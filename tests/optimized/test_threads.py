@@ -169,3 +169,25 @@ sys.stdout.write(session.run(None, {{"x": x}})[0].tobytes().hex())
     # the GEMM splits its columns across a team of two, which may round differently
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-6)
     assert outputs[0].size == 37 * 200
+
+
+def test_a_run_through_iobinding_uses_its_own_sessions_thread_count():
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])]),
+        opset_imports=[helper.make_opsetid("", 21)])
+    sessions = {}
+    for threads in (1, 2):
+        options = optimized.SessionOptions()
+        options.intra_op_num_threads = threads
+        sessions[threads] = optimized.InferenceSession(model.SerializeToString(), options)
+    x = np.arange(15, dtype=np.float32).reshape(3, 5) - 7
+    sessions[1].run(None, {"x": x})
+    assert kernels.get_num_threads() == 1
+    binding = sessions[2].io_binding()
+    binding.bind_cpu_input("x", x)
+    binding.bind_output("y")
+    sessions[2].run_with_iobinding(binding)
+    assert kernels.get_num_threads() == 2
+    np.testing.assert_array_equal(binding.copy_outputs_to_cpu()[0], np.maximum(x, 0))
