@@ -197,6 +197,7 @@ def test_rotary_runs_in_the_step_table(op_type):
         got, want, compiled, _ = run_both(model, feeds)
         assert_identical(got, want)
         assert step_kinds(compiled) == [lib.PLAN_ROTARY]
+        # x*cos - y*sin in float32, rounded in another order than the reference function body
         np.testing.assert_allclose(got[0], reference_outputs(model, feeds)[0], rtol=1e-6,
                                    atol=1e-6)
 
@@ -226,6 +227,7 @@ def test_grouped_attention_runs_in_the_step_table(masked):
         assert_identical(got, want)
         assert got[0].shape == (batch, seq, heads, head + 1)
         assert step_kinds(compiled) == [lib.PLAN_GQA]
+        # softmax and the weighted sum in float32, summed in another order than NumPy's
         np.testing.assert_allclose(got[0], reference_outputs(model, feeds)[0], rtol=1e-5,
                                    atol=1e-6)
 

@@ -93,6 +93,7 @@ def test_one_window_over_each_whole_plane(op_type, shape):
     kernel = list(shape[2:])
     want = reference(op_type, x, kernel_shape=kernel)
     fn = kernels.max_pool2d if op_type == "MaxPool" else kernels.average_pool2d
+    # a whole plane's mean is a float32 sum over up to 35 values, in SIMD lanes
     np.testing.assert_allclose(fn(x, kernel), want, rtol=1e-6, atol=1e-6)
 
 
@@ -105,6 +106,7 @@ def test_hand_checked_stride_2():
     np.testing.assert_allclose(got[0, 0, 0], [0.5, 2, 4, 6, 8, 10, 12, 14, 16, 17.5])
     got = kernels.average_pool2d(x, [1, 3], strides=[1, 2], pads=[0, 1, 0, 1],
                                  count_include_pad=True)
+    # 1/3 and 35/3 are not float32 values: one rounding apart
     np.testing.assert_allclose(got[0, 0, 0], [1 / 3, 2, 4, 6, 8, 10, 12, 14, 16, 35 / 3],
                                rtol=1e-6)
 
