@@ -224,6 +224,163 @@ AVX2 static void pool_plane_s2k3_avx2(const pool_geometry *gm, const float *xp, 
         stride2_taps3_avx2(gm->is_max, yrow, t, out_w, rows_counted, col_count);
     }
 }
+
+/* yrow[o] = the max (sum) of t[o + kx * dil_w] over kx, the sum divided by rows * col_count[o]
+ * (correctly rounded as pool_plane's double product); t readable to out_w + 8 + (k_w - 1) *
+ * dil_w, col_count to out_w + 8. */
+AVX2 static void stride1_taps_avx2(int is_max, float *yrow, const float *t, int64_t out_w,
+                                   int64_t k_w, int64_t dil_w, float rows, const float *col_count)
+{
+    __m256 row_count = _mm256_set1_ps(rows);
+    for (int64_t o = 0; o < out_w; o += 8) {
+        __m256 r = _mm256_loadu_ps(t + o);
+        for (int64_t kx = 1; kx < k_w; ++kx) {
+            __m256 v = _mm256_loadu_ps(t + o + kx * dil_w);
+            r = is_max ? max_nan8(r, v) : _mm256_add_ps(r, v);
+        }
+        if (!is_max)
+            r = _mm256_div_ps(r, _mm256_mul_ps(row_count, _mm256_loadu_ps(col_count + o)));
+        if (o + 8 <= out_w) {
+            _mm256_storeu_ps(yrow + o, r);
+        } else {
+            float last[8];
+            _mm256_storeu_ps(last, r);
+            for (int64_t k = 0; k < out_w - o; ++k) yrow[o + k] = last[k];
+        }
+    }
+}
+
+/* pool_plane for stride 1 along x (any taps and dilation), with AVX2. */
+AVX2 static void pool_plane_s1_avx2(const pool_geometry *gm, const float *xp, float *yp,
+                                    float *t, const float *col_count)
+{
+    const int64_t in_w = gm->in_w, out_w = gm->out_w;
+    const float fill = gm->is_max ? -INFINITY : 0.0f;
+    for (int64_t i = 0; i < gm->width + 32; ++i) t[i] = fill;
+    const float *rows[64];
+    for (int64_t oy = 0; oy < gm->out_h; ++oy) {
+        int64_t y0 = oy * gm->stride_h - gm->pad_top, fy, ly;
+        taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
+        for (int64_t ky = fy; ky < ly; ++ky) rows[ky - fy] = xp + (y0 + ky * gm->dil_h) * in_w;
+        if (fy < ly)
+            reduce_rows_avx2(gm->is_max, t + gm->pad_left, rows, ly - fy, in_w);
+        else
+            for (int64_t i = 0; i < in_w; ++i) t[gm->pad_left + i] = fill;
+        int64_t py0, py1;
+        taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom, &py0, &py1);
+        float rows_counted = (float)(gm->count_include_pad ? py1 - py0 : ly - fy);
+        stride1_taps_avx2(gm->is_max, yp + oy * out_w, t, out_w, gm->k_w, gm->dil_w,
+                          rows_counted, col_count);
+    }
+}
+
+/* Stride 1 on both axes with out_w == in_w (the "same" pools of inception): the plane is
+ * reduced flat, so short rows still fill whole vectors.  First each band of output rows with
+ * the same inside rows gets its window rows reduced into v (as pool_plane's rows, in order),
+ * then v's taps along x, each through a per-position mask that gives the identity where the tap
+ * falls in the padding (the padded row's fill there), in pool_plane's order. */
+typedef struct {
+    int64_t plane, k_w, pad_left;
+    const int32_t *mask;  /* k_w masks of plane + 8 positions: -1 where the tap is inside */
+    const float *divisor; /* plane + 8: rows times columns counted (average) */
+} flat_geometry;
+
+AVX2 static void pool_plane_flat_avx2(const pool_geometry *gm, const flat_geometry *fg,
+                                      const float *xp, float *yp, float *v)
+{
+    const int64_t w = gm->in_w, plane = fg->plane;
+    const float fill = gm->is_max ? -INFINITY : 0.0f;
+    const float *rows[64];
+    for (int64_t oy = 0; oy < gm->out_h;) {
+        int64_t y0 = oy - gm->pad_top, fy, ly, end = oy + 1;
+        taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
+        for (;; ++end) { /* the band of rows with the same inside taps */
+            int64_t f2, l2;
+            if (end == gm->out_h)
+                break;
+            taps_inside(end - gm->pad_top, gm->k_h, gm->dil_h, 0, gm->in_h, &f2, &l2);
+            if (f2 != fy || l2 != ly)
+                break;
+        }
+        for (int64_t ky = fy; ky < ly; ++ky)
+            rows[ky - fy] = xp + (y0 + ky * gm->dil_h) * w;
+        if (fy < ly)
+            reduce_rows_avx2(gm->is_max, v + oy * w, rows, ly - fy, (end - oy) * w);
+        else
+            for (int64_t i = oy * w; i < end * w; ++i) v[i] = fill;
+        oy = end;
+    }
+    __m256 fill8 = _mm256_set1_ps(fill);
+    for (int64_t i = 0; i < plane; i += 8) {
+        __m256 r = fill8;
+        for (int64_t kx = 0; kx < fg->k_w; ++kx) {
+            __m256 inside = _mm256_castsi256_ps(
+                _mm256_loadu_si256((const __m256i *)(fg->mask + kx * (plane + 8) + i)));
+            __m256 tap = _mm256_blendv_ps(fill8, _mm256_loadu_ps(v + i + kx - fg->pad_left), inside);
+            if (kx == 0)
+                r = tap;
+            else
+                r = gm->is_max ? max_nan8(r, tap) : _mm256_add_ps(r, tap);
+        }
+        if (!gm->is_max)
+            r = _mm256_div_ps(r, _mm256_loadu_ps(fg->divisor + i));
+        if (i + 8 <= plane) {
+            _mm256_storeu_ps(yp + i, r);
+        } else {
+            float last[8];
+            _mm256_storeu_ps(last, r);
+            for (int64_t k = 0; k < plane - i; ++k) yp[i + k] = last[k];
+        }
+    }
+}
+
+enum { FLAT_PLANE_LIMIT = 1 << 14, FLAT_TAPS_LIMIT = 16 };
+
+/* pool2d_f32 by pool_plane_flat_avx2; 1 when it ran, 0 when the geometry is not its own, -1
+ * when out of memory. */
+static int pool_flat(const pool_geometry *gm, const float *x, int64_t planes, float *y,
+                     const float *col_count, int threads)
+{
+    if (!have_avx2() || gm->stride_h != 1 || gm->stride_w != 1 || gm->dil_w != 1
+        || gm->out_w != gm->in_w || gm->k_h > 64 || gm->k_w > FLAT_TAPS_LIMIT
+        || gm->out_h * gm->out_w > FLAT_PLANE_LIMIT || gm->pad_left >= gm->k_w)
+        return 0;
+    const int64_t w = gm->in_w, plane = gm->out_h * w, k_w = gm->k_w;
+    /* per thread: v with pad_left positions before it and k_w + 8 after */
+    const int64_t per_thread = plane + 2 * k_w + 16;
+    int32_t *mask = malloc(sizeof(int32_t) * (size_t)(k_w * (plane + 8)));
+    float *divisor = malloc(sizeof(float) * (size_t)(plane + 8));
+    float *scratch = calloc((size_t)(per_thread * threads), sizeof(float));
+    if (mask == NULL || divisor == NULL || scratch == NULL) {
+        free(mask);
+        free(divisor);
+        free(scratch);
+        return -1;
+    }
+    for (int64_t kx = 0; kx < k_w; ++kx)
+        for (int64_t i = 0; i < plane + 8; ++i) {
+            int64_t c = (i % w) + kx - gm->pad_left;
+            mask[kx * (plane + 8) + i] = i < plane && c >= 0 && c < w ? -1 : 0;
+        }
+    for (int64_t oy = 0; oy < gm->out_h; ++oy) {
+        int64_t y0 = oy - gm->pad_top, fy, ly, py0, py1;
+        taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
+        taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom, &py0, &py1);
+        float rows = (float)(gm->count_include_pad ? py1 - py0 : ly - fy);
+        for (int64_t c = 0; c < w; ++c) divisor[oy * w + c] = rows * col_count[c];
+    }
+    for (int64_t i = plane; i < plane + 8; ++i) divisor[i] = 1.0f;
+    flat_geometry fg = {plane, k_w, gm->pad_left, mask, divisor};
+    size_t in_plane = (size_t)gm->in_h * w;
+    PARALLEL_FOR(threads, for (int64_t p = 0; p < planes; ++p) {
+        float *v = scratch + per_thread * omp_get_thread_num() + k_w;
+        pool_plane_flat_avx2(gm, &fg, x + p * in_plane, y + p * plane, v);
+    });
+    free(mask);
+    free(divisor);
+    free(scratch);
+    return 1;
+}
 #endif
 
 /* One plane: per output row, its window's input rows reduced into t (the padded row, `width`
@@ -297,14 +454,20 @@ static int avx2_ready(void)
 #endif
 }
 
-/* One plane by the AVX2 stride-2 path (fast_s2k3) or pool_plane; t holds the padded row and
+enum { FAST_NONE, FAST_S2K3, FAST_S1 };
+
+/* One plane by an AVX2 path (stride 2 with 3 taps, or stride 1) or pool_plane; t holds the padded row and
  * the even and odd columns after it. */
-static void pool_one_plane(const pool_geometry *gm, int fast_s2k3, const float *xp, float *yp,
+static void pool_one_plane(const pool_geometry *gm, int fast, const float *xp, float *yp,
                            float *t, const float *col_count)
 {
 #if defined(__x86_64__)
-    if (fast_s2k3) {
+    if (fast == FAST_S2K3) {
         pool_plane_s2k3_avx2(gm, xp, yp, t, col_count);
+        return;
+    }
+    if (fast == FAST_S1) {
+        pool_plane_s1_avx2(gm, xp, yp, t, col_count);
         return;
     }
 #endif
@@ -384,10 +547,22 @@ int pool2d_f32(int kind, const float *x, int64_t planes, int64_t in_h, int64_t i
         col_count[ox] = (float)(l - f);
     }
     for (int64_t ox = out_w; ox < out_w + 8; ++ox) col_count[ox] = 1.0f;
-    int fast_s2k3 = avx2_ready() && stride_w == 2 && k_w == 3 && dil_w == 1 && k_h <= 64;
+#if defined(__x86_64__)
+    int flat = pool_flat(&gm, x, planes, y, col_count, threads);
+    if (flat != 0) {
+        free(scratch);
+        free(col_count);
+        return flat < 0 ? -1 : 0;
+    }
+#endif
+    int fast = FAST_NONE;
+    if (avx2_ready() && k_h <= 64 && stride_w == 2 && k_w == 3 && dil_w == 1)
+        fast = FAST_S2K3;
+    else if (avx2_ready() && k_h <= 64 && stride_w == 1)
+        fast = FAST_S1;
     PARALLEL_FOR(threads, for (int64_t p = 0; p < planes; ++p) {
         float *t = scratch + per_thread * omp_get_thread_num();
-        pool_one_plane(&gm, fast_s2k3, x + p * in_plane, y + p * out_plane, t, col_count);
+        pool_one_plane(&gm, fast, x + p * in_plane, y + p * out_plane, t, col_count);
     });
     free(scratch);
     free(col_count);

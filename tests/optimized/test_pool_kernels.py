@@ -1,6 +1,8 @@
 """csrc/pool.c against the reference MaxPool/AveragePool on rows wide enough for its vector
-paths: the padded-row path (any geometry), the AVX2 path for stride 2 with 3 taps along x
-(its 8-lane loops and masked last lanes), and one window over each whole plane.  Also NaN in
+paths: the padded-row path (any geometry), the AVX2 paths for stride 2 with 3 taps along x
+and for stride 1 along x (their 8-lane loops and masked last lanes), the flat path for
+stride-1 "same" pools (inception's 3x3 pad 1, planes reduced as one run), and one window over
+each whole plane.  Also NaN in
 the last lanes, thread-count invariance, and the plan's PLAN_POOL step against the Python
 kernel bit for bit."""
 from __future__ import annotations
@@ -86,6 +88,52 @@ def test_average_pool_matches_reference(c):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@st.composite
+def same_pools(draw):
+    """Stride 1 with out_w == in_w (the flat path): pads left plus right are k_w - 1, any
+    split; rows padded, dilated and counted any way; NaN somewhere now and then."""
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 7))
+    left = draw(st.integers(0, kw - 1))
+    return {
+        "shape": (draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 19)),
+                  draw(st.integers(1, 37))),
+        "kernel_shape": [kh, kw], "strides": [1, 1], "dilations": [draw(st.integers(1, 2)), 1],
+        "pads": [draw(st.integers(0, kh - 1)), left, draw(st.integers(0, kh - 1)), kw - 1 - left],
+        "ceil_mode": draw(st.booleans()), "count_include_pad": draw(st.booleans()),
+        "seed": draw(st.integers(0, 1000)), "nan": draw(st.booleans()),
+    }
+
+
+@hsettings
+@given(c=same_pools())
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_same_stride_1_pools_match_reference(op_type, c):
+    assume(fits(c))
+    x = data(c)
+    if c["nan"]:
+        x.reshape(-1)[c["seed"] % x.size] = np.nan
+    attrs = dict(window(c), ceil_mode=int(c["ceil_mode"]))
+    if op_type == "AveragePool":
+        attrs["count_include_pad"] = int(c["count_include_pad"])
+        got = kernels.average_pool2d(x, **attrs)
+    else:
+        got = kernels.max_pool2d(x, **attrs)
+    want = reference(op_type, x, **attrs)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    # as test_average_pool_matches_reference: rows first, then columns
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_hand_checked_same_average_pool():
+    # a 2x3 plane 0..5, 3x3 windows at stride 1 with one pad cell each side
+    x = np.arange(6, dtype=np.float32).reshape(1, 1, 2, 3)
+    got = kernels.average_pool2d(x, [3, 3], pads=[1, 1, 1, 1])
+    np.testing.assert_allclose(got[0, 0], [[2, 2.5, 3], [2, 2.5, 3]])
+    got = kernels.average_pool2d(x, [3, 3], pads=[1, 1, 1, 1], count_include_pad=True)
+    np.testing.assert_allclose(got[0, 0], [[8 / 9, 15 / 9, 12 / 9], [8 / 9, 15 / 9, 12 / 9]],
+                               rtol=1e-6)
+
+
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
 @pytest.mark.parametrize("shape", [(2, 3, 7, 5), (1, 5, 1, 19), (3, 2, 4, 4)])
 def test_one_window_over_each_whole_plane(op_type, shape):
@@ -133,9 +181,11 @@ def test_same_result_at_one_and_two_threads(op_type):
         for threads in (1, 2):
             kernels.set_num_threads(threads)
             results.append(fn(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+            results.append(fn(x[:, :, :14, :13], [3, 3], pads=[1, 1, 1, 1]))  # the flat path
     finally:
         kernels.set_num_threads(before)
-    assert results[0].tobytes() == results[1].tobytes()
+    assert results[0].tobytes() == results[2].tobytes()
+    assert results[1].tobytes() == results[3].tobytes()
 
 
 @pytest.mark.parametrize("op_type, attrs", [
