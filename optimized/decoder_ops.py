@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from reference.registry import lookup
@@ -108,12 +110,24 @@ def _head_table(kv_heads, heads, kv):
     table = np.asarray(kv_heads)
     if table.ndim != 1 or table.dtype.kind not in "iu" or table.size == 0 or kv == 0:
         return None
+    return _checked_head_table(table.dtype, table.tobytes(), heads, kv)
+
+
+@functools.lru_cache(maxsize=64)
+def _checked_head_table(dtype, raw: bytes, heads, kv):
+    """_head_table's work for a 1-D integer table given as its bytes: a model's constant table
+    is worked out once, not on every call.  The result is read-only (it is shared)."""
+    table = np.frombuffer(raw, dtype)
     if np.any(table < -kv) or np.any(table >= kv):
         return None
     table = table % kv
     if table.size == 1 and heads > 1:  # one K/V head that MatMul broadcasts over every head
         table = np.zeros(heads, np.int64)
-    return table if table.size == heads else None
+    if table.size != heads:
+        return None
+    table = np.array(table)
+    table.flags.writeable = False
+    return table
 
 
 head_table = _head_table  # the plan's step descriptions (optimized/cpu.py) read it too

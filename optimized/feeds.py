@@ -65,27 +65,54 @@ def _text(item) -> str:
 def unshared_outputs(outputs: list, feeds: dict) -> list:
     """Each output that is (a view of) a feed, read-only (an initializer) or another output's
     very object, copied."""
-    fed = [v for v in feeds.values() if isinstance(v, np.ndarray)]
+    fed = _Fed([v for v in feeds.values() if isinstance(v, np.ndarray)])
     seen: set[int] = set()
     return [_owned(v, fed, seen) for v in outputs]
 
 
-def _owned(value, fed: list, seen: set):
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array at the end of a's chain of ndarray bases (a itself when it has none)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+class _Fed:
+    """The feeds, grouped by the numpy allocation they view, so that an output checks with
+    np.may_share_memory only the feeds that could share its memory: two arrays whose roots
+    are distinct arrays that each own their data lie in distinct allocations.  A feed or an
+    output over memory numpy does not own (a buffer, another library's) is checked against
+    everything, as before."""
+
+    def __init__(self, fed: list):
+        self.by_root: dict[int, list] = {}
+        self.foreign: list = []
+        self.all = fed
+        for f in fed:
+            root = _root(f)
+            if root.flags.owndata:
+                self.by_root.setdefault(id(root), []).append(f)
+            else:
+                self.foreign.append(f)
+
+    def shared_by(self, value: np.ndarray) -> bool:
+        root = _root(value)
+        if root.flags.owndata:
+            candidates = self.by_root.get(id(root), ()), self.foreign
+        else:
+            candidates = (self.all,)
+        return any(np.may_share_memory(value, f) for group in candidates for f in group)
+
+
+def _owned(value, fed: _Fed, seen: set):
     if isinstance(value, np.ndarray):
-        if id(value) in seen or not value.flags.writeable or _shares_a_feed(value, fed):
+        if id(value) in seen or not value.flags.writeable or fed.shared_by(value):
             value = value.copy()
         seen.add(id(value))
         return value
     if isinstance(value, list):
         return [_owned(v, fed, seen) for v in value]
     return value
-
-
-def _shares_a_feed(value: np.ndarray, fed: list) -> bool:
-    for f in fed:
-        if np.may_share_memory(value, f):
-            return True
-    return False
 
 
 class CheckedFeeds:

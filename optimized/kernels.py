@@ -1030,6 +1030,20 @@ def rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, interleaved: bool
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _kv_head_table(dtype, shape, raw: bytes, heads: int, kv_heads: int) -> np.ndarray:
+    """grouped_attention's kv_head_of (given as its dtype, shape and bytes, so that a model's
+    constant table is checked and converted once) as a read-only C-contiguous int32 array."""
+    table = np.frombuffer(raw, dtype).reshape(shape)
+    if table.shape != (heads,) or table.dtype.kind not in "iu" or (
+            heads and not (0 <= table.min() and table.max() < kv_heads)):
+        raise ValueError(f"kv_head_of must hold one KV head in [0, {kv_heads}) per query head "
+                         f"({heads}), got {table!r}")
+    table = np.ascontiguousarray(table, np.int32)
+    table.flags.writeable = False
+    return table
+
+
 def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_head_of=None,
                       mask: np.ndarray | None = None, *, scale: float | None = None,
                       q_layout: str = "bnsh", kv_valid=None, q_pos=None, causal: bool = False,
@@ -1064,11 +1078,10 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_head_of=No
             raise ValueError(f"{heads} query heads do not group over {kv_heads} KV heads")
         kv_head_of = np.arange(heads) // (heads // kv_heads)
     kv_head_of = np.asarray(kv_head_of)
-    if kv_head_of.shape != (heads,) or kv_head_of.dtype.kind not in "iu" or (
-            heads and not (0 <= kv_head_of.min() and kv_head_of.max() < kv_heads)):
-        raise ValueError(f"kv_head_of must hold one KV head in [0, {kv_heads}) per query head "
-                         f"({heads}), got {kv_head_of!r}")
-    kv_head_of = np.ascontiguousarray(kv_head_of, np.int32)
+    if kv_head_of.dtype.kind not in "iu":
+        raise ValueError(f"kv_head_of must hold integer KV heads, got {kv_head_of.dtype}")
+    kv_head_of = _kv_head_table(kv_head_of.dtype, kv_head_of.shape, kv_head_of.tobytes(),
+                                heads, kv_heads)
     for name, a in (("Q", q), ("K", k), ("V", v)):
         _c_int(f"{name} size", a.size)
     scores_shape = (batch, heads, q_len, kv_len)
@@ -1078,7 +1091,7 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_head_of=No
         if not _broadcasts_to(mask.shape, scores_shape):
             raise ValueError(f"mask of shape {list(mask.shape)} does not broadcast to "
                              f"{list(scores_shape)}")
-        mask_strides = tuple(s // 4 for s in np.broadcast_to(mask, scores_shape).strides)
+        mask_strides = _broadcast_strides(mask.shape, scores_shape)  # mask is C-contiguous
     per_batch = []
     for name, values in (("kv_valid", kv_valid), ("q_pos", q_pos)):
         if values is not None:

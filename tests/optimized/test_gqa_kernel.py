@@ -153,6 +153,29 @@ def test_head_table_reads_the_named_kv_head():
     np.testing.assert_allclose(y, (p @ vv).transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
 
 
+def test_a_table_changed_in_place_is_read_again():
+    # the wrappers keep the checked table of each table value, not of each table object
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 4, 1, 5)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 6, 5)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 6, 5)).astype(np.float32)
+    def expected(table):
+        scores = 0.5 * q.astype(np.float64) @ k[:, table].transpose(0, 1, 3, 2)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        return ((p / p.sum(-1, keepdims=True)) @ v[:, table]).transpose(0, 2, 1, 3)
+
+    table = np.array([0, 0, 1, 1])
+    for heads in ([0, 0, 1, 1], [1, 1, 0, 0], [1, 0, 1, 0]):
+        table[:] = heads
+        y = decoder_ops.grouped_attention(q, k, v, table, scale=0.5)
+        np.testing.assert_allclose(y, expected(list(heads)), rtol=1e-5, atol=1e-6)
+    table[:] = [0, 0, 2, 2]  # out of range for 2 KV heads: refused again, not remembered
+    with pytest.raises(ValueError, match="kv_head_of"):
+        kernels.grouped_attention(q, k, v, table)
+    with pytest.raises(ValueError, match="kv_head_of"):
+        kernels.grouped_attention(q, k, v, table)
+
+
 def test_a_row_that_sees_no_key_is_nan_like_softmax_or_zero():
     q = np.ones((1, 1, 2, 2), np.float32)
     k = np.ones((1, 1, 3, 2), np.float32)
