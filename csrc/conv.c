@@ -90,11 +90,59 @@ static inline void depthwise3x3_row(float *restrict y, const float *restrict r0,
               + w6 * r2[ox] + w7 * r2[ox + 1] + w8 * r2[ox + 2];
 }
 
+#if defined(__x86_64__)
+/* The even (odd) columns of a[0..16) in order. */
+AVX2 static inline __m256 even_columns8(const float *a)
+{
+    __m256 s = _mm256_shuffle_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), _MM_SHUFFLE(2, 0, 2, 0));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+AVX2 static inline __m256 odd_columns8(const float *a)
+{
+    __m256 s = _mm256_shuffle_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), _MM_SHUFFLE(3, 1, 3, 1));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+/* One output row of a 3x3 depthwise tap set at stride 2 along x, no dilation: the taps of 8
+ * outputs are the even, odd and next even columns of each row.  Multiplies and adds in the
+ * scalar loop's order, unfused (C11 builds do not contract), so both give the same bits.  The
+ * rows are readable to 2 * n + 18 (the caller's slack past its padded plane). */
+AVX2 static void depthwise3x3_s2_row_avx2(float *y, const float *r0, const float *r1,
+                                          const float *r2, const float *w, int64_t n)
+{
+    __m256 wv[9];
+    for (int k = 0; k < 9; ++k) wv[k] = _mm256_set1_ps(w[k]);
+    const float *rows[3] = {r0, r1, r2};
+    for (int64_t o = 0; o < n; o += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int r = 0; r < 3; ++r) {
+            const float *a = rows[r] + 2 * o;
+            __m256 t0 = _mm256_mul_ps(wv[3 * r], even_columns8(a));
+            acc = r == 0 ? t0 : _mm256_add_ps(acc, t0);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(wv[3 * r + 1], odd_columns8(a)));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(wv[3 * r + 2], even_columns8(a + 2)));
+        }
+        if (o + 8 <= n) {
+            _mm256_storeu_ps(y + o, acc);
+        } else {
+            float last[8];
+            _mm256_storeu_ps(last, acc);
+            for (int64_t k = 0; k < n - o; ++k) y[o + k] = last[k];
+        }
+    }
+}
+#endif
+
+/* Floats readable past each padded plane: the stride-2 row reads up to 18 past its last tap. */
+enum { DEPTHWISE_SLACK = 32 };
+
 /* A 3x3 depthwise plane from a zero-padded copy of its input (rows pw wide): every output
- * takes its 9 taps in one pass, so the loop over x carries 9 multiply-adds per element. */
+ * takes its 9 taps in one pass, so the loop over x carries 9 multiply-adds per element.
+ * s2_avx2: stride 2 along x without dilation, by depthwise3x3_s2_row_avx2. */
 VECTOR_CLONES
 static void depthwise3x3_plane(const float *padded, int64_t pw, const float *wc, float *yc,
-                               const struct conv_geometry *g)
+                               const struct conv_geometry *g, int s2_avx2)
 {
     int64_t s = g->stride_w, dx = g->dil_w, dy = g->dil_h;
     for (int64_t oy = 0; oy < g->out_h; ++oy) {
@@ -105,6 +153,12 @@ static void depthwise3x3_plane(const float *padded, int64_t pw, const float *wc,
             depthwise3x3_row(yrow, r0, r1, r2, wc, g->out_w);
             continue;
         }
+#if defined(__x86_64__)
+        if (s2_avx2) {
+            depthwise3x3_s2_row_avx2(yrow, r0, r1, r2, wc, g->out_w);
+            continue;
+        }
+#endif
         for (int64_t ox = 0; ox < g->out_w; ++ox) {
             int64_t ix = ox * s;
             yrow[ox] = wc[0] * r0[ix] + wc[1] * r0[ix + dx] + wc[2] * r0[ix + 2 * dx]
@@ -126,9 +180,14 @@ static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int6
     if (ph < g->in_h + g->pad_top) ph = g->in_h + g->pad_top;
     if (pw < g->in_w + g->pad_left) pw = g->in_w + g->pad_left;
     size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
-    size_t padded_plane = (size_t)ph * pw;
+    size_t padded_plane = (size_t)ph * pw + DEPTHWISE_SLACK;
     int64_t planes = (int64_t)batch * out_c;
     int threads = threads_for((size_t)planes * plane * 9);
+#if defined(__x86_64__)
+    int s2_avx2 = have_avx2() && g->stride_w == 2 && g->dil_w == 1;
+#else
+    int s2_avx2 = 0;
+#endif
     float *scratch = calloc(padded_plane * threads, sizeof(float));
     if (scratch == NULL)
         return -1;
@@ -141,7 +200,7 @@ static int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int6
         for (int64_t iy = 0; iy < g->in_h; ++iy)
             memcpy(padded + (size_t)(iy + g->pad_top) * pw + g->pad_left,
                    xc + (size_t)iy * g->in_w, sizeof(float) * (size_t)g->in_w);
-        depthwise3x3_plane(padded, pw, w + (size_t)oc * 9, y + (size_t)p * plane, g);
+        depthwise3x3_plane(padded, pw, w + (size_t)oc * 9, y + (size_t)p * plane, g, s2_avx2);
         finish_plane(o, y, p, out_c, plane);
     }
     free(scratch);

@@ -1,6 +1,7 @@
 """MobileNetV3's kernels against the reference ops: HardSigmoid and HardSwish in C (alone, fused
 into a convolution, and as plan steps) and the depthwise convolution of any kernel size, stride
-and dilation (csrc/conv.c, phase layout)."""
+and dilation (csrc/conv.c, phase layout), and the 3x3 depthwise kernel's AVX2 row at stride 2
+along x (rows wide enough for its 8-lane loop and its masked last lanes)."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -124,6 +125,60 @@ def test_depthwise_matches_reference(c, threads):
     got = kernels.conv2d(x, w, b, residual=residual, activation=c["act"][0],
                          activation_params=c["act"][1], **attrs)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@st.composite
+def depthwise3x3_stride2_cases(draw):
+    """3x3 at stride 2 along x, outputs 1 to 23 wide; rows stride 1 or 2, dilated or not."""
+    return {
+        "batch": draw(st.integers(1, 2)), "channels": draw(st.integers(1, 5)),
+        "multiplier": draw(st.integers(1, 2)),
+        "h": draw(st.integers(3, 11)), "w": draw(st.integers(3, 46)),
+        "strides": [draw(st.integers(1, 2)), 2], "dilations": [draw(st.integers(1, 2)), 1],
+        "pads": [draw(st.integers(0, 2)) for _ in range(4)],
+        "bias": draw(st.booleans()), "nan": draw(st.booleans()), "seed": draw(st.integers(0, 1000)),
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(c=depthwise3x3_stride2_cases())
+def test_depthwise3x3_stride2_matches_reference(c):
+    assume(c["h"] + c["pads"][0] + c["pads"][2] >= 2 * c["dilations"][0] + 1)
+    channels, out_c = c["channels"], c["channels"] * c["multiplier"]
+    x = arrays(c["seed"], c["batch"], channels, c["h"], c["w"])
+    if c["nan"]:
+        x.reshape(-1)[c["seed"] % x.size] = np.nan
+    w = arrays(c["seed"] + 1, out_c, 1, 3, 3)
+    b = arrays(c["seed"] + 2, out_c) if c["bias"] else None
+    attrs = {"group": channels, "strides": c["strides"], "pads": c["pads"],
+             "dilations": c["dilations"]}
+    want = ref("Conv", x, w, b, **attrs)
+    got = kernels.conv2d(x, w, b, **attrs)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_depthwise3x3_stride2_same_at_one_and_two_threads(threads):
+    x, w, b = arrays(4, 2, 36, 15, 29), arrays(5, 36, 1, 3, 3), arrays(6, 36)
+    results = []
+    for n_threads in (1, 2):
+        kernels.set_num_threads(n_threads)
+        results.append(kernels.conv2d(x, w, b, group=36, strides=[2, 2], pads=[1, 1, 1, 1]))
+    assert results[0].tobytes() == results[1].tobytes()
+
+
+def test_depthwise3x3_stride2_hand_checked():
+    # two channels of one row 0..18 (the second negated), taps (1, 2, 3) at stride 2 with one
+    # zero pad cell each side
+    x = np.arange(19, dtype=np.float32).reshape(1, 1, 1, 19) * np.array([1, -1], np.float32).reshape(1, 2, 1, 1)
+    w = np.zeros((2, 1, 3, 3), np.float32)
+    w[:, 0, 1] = [1, 2, 3]
+    got = kernels.conv2d(x, w, None, group=2, strides=[1, 2], pads=[1, 1, 1, 1])
+    # output o reads x[2o - 1], x[2o], x[2o + 1]
+    want = [2 * 0 + 3 * 1] + [(2 * o - 1) + 2 * (2 * o) + 3 * (2 * o + 1) for o in range(1, 9)] \
+        + [17 + 2 * 18]
+    np.testing.assert_array_equal(got[0, 0, 0], want)
+    np.testing.assert_array_equal(got[0, 1, 0], -np.array(want, np.float32))
 
 
 @pytest.mark.parametrize("channels, hw, kernel, strides, pads", [
