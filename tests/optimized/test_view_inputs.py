@@ -92,6 +92,8 @@ CASES = {
     ("", "Sigmoid"): ([rand(0, *X4)], {}),
     ("", "Tanh"): ([rand(0, *X4)], {}),
     ("", "LeakyRelu"): ([rand(0, *X4)], {"alpha": 0.2}),
+    ("", "HardSigmoid"): ([rand(0, *X4)], {"alpha": 0.3, "beta": 0.4}),
+    ("", "HardSwish"): ([rand(0, *X4)], {}),
     ("", "Gelu"): ([rand(0, *X4)], {"approximate": "tanh"}),
     (MS, "FastGelu"): ([rand(0, *XR), rand(1, 10)], {}),
     (MS, "Gelu"): ([rand(0, *X4)], {}),
