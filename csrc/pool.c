@@ -283,6 +283,8 @@ typedef struct {
     int64_t plane, k_w, pad_left;
     const int32_t *mask;  /* k_w masks of plane + 8 positions: -1 where the tap is inside */
     const float *divisor; /* plane + 8: rows times columns counted (average) */
+    const int64_t *bands; /* 4 per band: its output rows [start, end) and inside taps [fy, ly) */
+    int64_t band_count;
 } flat_geometry;
 
 AVX2 static void pool_plane_flat_avx2(const pool_geometry *gm, const flat_geometry *fg,
@@ -291,24 +293,15 @@ AVX2 static void pool_plane_flat_avx2(const pool_geometry *gm, const flat_geomet
     const int64_t w = gm->in_w, plane = fg->plane;
     const float fill = gm->is_max ? -INFINITY : 0.0f;
     const float *rows[64];
-    for (int64_t oy = 0; oy < gm->out_h;) {
-        int64_t y0 = oy - gm->pad_top, fy, ly, end = oy + 1;
-        taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
-        for (;; ++end) { /* the band of rows with the same inside taps */
-            int64_t f2, l2;
-            if (end == gm->out_h)
-                break;
-            taps_inside(end - gm->pad_top, gm->k_h, gm->dil_h, 0, gm->in_h, &f2, &l2);
-            if (f2 != fy || l2 != ly)
-                break;
-        }
+    for (int64_t b = 0; b < fg->band_count; ++b) {
+        const int64_t *band = fg->bands + 4 * b;
+        int64_t oy = band[0], end = band[1], fy = band[2], ly = band[3], y0 = oy - gm->pad_top;
         for (int64_t ky = fy; ky < ly; ++ky)
             rows[ky - fy] = xp + (y0 + ky * gm->dil_h) * w;
         if (fy < ly)
             reduce_rows_avx2(gm->is_max, v + oy * w, rows, ly - fy, (end - oy) * w);
         else
             for (int64_t i = oy * w; i < end * w; ++i) v[i] = fill;
-        oy = end;
     }
     __m256 fill8 = _mm256_set1_ps(fill);
     for (int64_t i = 0; i < plane; i += 8) {
@@ -351,11 +344,26 @@ static int pool_flat(const pool_geometry *gm, const float *x, int64_t planes, fl
     int32_t *mask = malloc(sizeof(int32_t) * (size_t)(k_w * (plane + 8)));
     float *divisor = malloc(sizeof(float) * (size_t)(plane + 8));
     float *scratch = calloc((size_t)(per_thread * threads), sizeof(float));
-    if (mask == NULL || divisor == NULL || scratch == NULL) {
+    int64_t *bands = malloc(sizeof(int64_t) * 4 * (size_t)gm->out_h);
+    if (mask == NULL || divisor == NULL || scratch == NULL || bands == NULL) {
         free(mask);
         free(divisor);
         free(scratch);
+        free(bands);
         return -1;
+    }
+    /* the bands of output rows with the same inside taps, the same for every plane */
+    int64_t band_count = 0;
+    for (int64_t oy = 0; oy < gm->out_h; ++oy) {
+        int64_t fy, ly;
+        taps_inside(oy - gm->pad_top, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
+        int64_t *last = bands + 4 * (band_count - 1);
+        if (band_count > 0 && last[2] == fy && last[3] == ly) {
+            last[1] = oy + 1;
+        } else {
+            int64_t *band = bands + 4 * band_count++;
+            band[0] = oy, band[1] = oy + 1, band[2] = fy, band[3] = ly;
+        }
     }
     for (int64_t kx = 0; kx < k_w; ++kx)
         for (int64_t i = 0; i < plane + 8; ++i) {
@@ -370,7 +378,7 @@ static int pool_flat(const pool_geometry *gm, const float *x, int64_t planes, fl
         for (int64_t c = 0; c < w; ++c) divisor[oy * w + c] = rows * col_count[c];
     }
     for (int64_t i = plane; i < plane + 8; ++i) divisor[i] = 1.0f;
-    flat_geometry fg = {plane, k_w, gm->pad_left, mask, divisor};
+    flat_geometry fg = {plane, k_w, gm->pad_left, mask, divisor, bands, band_count};
     size_t in_plane = (size_t)gm->in_h * w;
     PARALLEL_FOR(threads, for (int64_t p = 0; p < planes; ++p) {
         float *v = scratch + per_thread * omp_get_thread_num() + k_w;
@@ -379,6 +387,7 @@ static int pool_flat(const pool_geometry *gm, const float *x, int64_t planes, fl
     free(mask);
     free(divisor);
     free(scratch);
+    free(bands);
     return 1;
 }
 #endif
