@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from optimized.kernels import lib
 from optimized.cpu import C_STEPS, KERNELS
+from optimized.kernels import lib
 from optimized.plan import Plan
 
 

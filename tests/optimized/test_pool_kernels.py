@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from optimized import kernels
-from optimized.kernels import lib
 from optimized.cpu import C_STEPS, KERNELS
+from optimized.kernels import lib
 from optimized.plan import Plan
 from reference import ReferenceEvaluator
 

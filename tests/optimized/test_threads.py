@@ -152,12 +152,12 @@ def test_results_do_not_depend_on_the_machine_being_busy():
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [37, 200])],
         [numpy_helper.from_array(np.random.default_rng(3).standard_normal((96, 200), np.float32),
                                  "w")]), opset_imports=[helper.make_opsetid("", 21)])
-    script = f"""
+    script = """
 import sys, numpy as np, optimized
 options = optimized.SessionOptions(); options.intra_op_num_threads = 2
 session = optimized.InferenceSession(sys.stdin.buffer.read(), options)
 x = np.random.default_rng(4).standard_normal((37, 96), np.float32)
-sys.stdout.write(session.run(None, {{"x": x}})[0].tobytes().hex())
+sys.stdout.write(session.run(None, {"x": x})[0].tobytes().hex())
 """
     outputs = []
     for setting in ("0", "ignore"):
