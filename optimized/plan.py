@@ -8,6 +8,7 @@ control comes back to Python only for the steps that have no description there. 
 that differ only in dimensions like a KV cache's length share one (optimized/plan_shapes.py)."""
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
@@ -127,7 +128,11 @@ class Plan:
         attrs = self._static_attributes(node)
         if attrs is None:
             return Step(node, reference, inputs, outputs)
-        if "ctx" in inspect.signature(fast).parameters:
+        try:
+            takes_context = _takes_context(fast)
+        except TypeError:  # an unhashable kernel object
+            takes_context = "ctx" in inspect.signature(fast).parameters
+        if takes_context:
             opset = self.opsets.get(canonical_domain(node.domain), 0)
             attrs = {**attrs, "ctx": OpContext(opset, node, list(node.output), self.evaluator)}
 
@@ -327,6 +332,13 @@ class Plan:
             return runner.call_op(step.node, list(_trim(values)), scope, self.opsets, (), None)
 
         return run
+
+
+@functools.lru_cache(maxsize=1024)
+def _takes_context(kernel: Callable) -> bool:
+    """Whether a fast kernel takes the node's OpContext (`ctx`); inspect.signature took a
+    seventh of a small model's session creation when asked once per node."""
+    return "ctx" in inspect.signature(kernel).parameters
 
 
 def outer_names(node) -> set[str]:
