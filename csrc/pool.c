@@ -70,6 +70,19 @@ static int maxpool_by_taps(const float *x, int64_t planes, int64_t in_h, int64_t
     return 0;
 }
 
+/* Taps of output column ox's window that count for an average (or are inside, for a max):
+ * within the padded row when padding counts, else within the input row. */
+static int64_t column_taps(int64_t ox, int64_t k_w, int64_t stride_w, int64_t pad_left,
+                           int64_t pad_right, int64_t dil_w, int64_t in_w, int count_include_pad)
+{
+    int64_t x0 = ox * stride_w - pad_left, f, l;
+    if (count_include_pad)
+        taps_inside(x0, k_w, dil_w, -pad_left, in_w + pad_right, &f, &l);
+    else
+        taps_inside(x0, k_w, dil_w, 0, in_w, &f, &l);
+    return l - f;
+}
+
 static int avgpool_by_taps(const float *x, int64_t planes, int64_t in_h, int64_t in_w, float *y,
                   int64_t out_h, int64_t out_w, int64_t k_h, int64_t k_w, int64_t stride_h,
                   int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t pad_bottom,
@@ -83,14 +96,9 @@ static int avgpool_by_taps(const float *x, int64_t planes, int64_t in_h, int64_t
         free(cols);
         return -1;
     }
-    for (int64_t ox = 0; ox < out_w; ++ox) {
-        int64_t x0 = ox * stride_w - pad_left, f, l;
-        if (count_include_pad)
-            taps_inside(x0, k_w, dil_w, -pad_left, in_w + pad_right, &f, &l);
-        else
-            taps_inside(x0, k_w, dil_w, 0, in_w, &f, &l);
-        cols[ox] = l - f;
-    }
+    for (int64_t ox = 0; ox < out_w; ++ox)
+        cols[ox] = column_taps(ox, k_w, stride_w, pad_left, pad_right, dil_w, in_w,
+                                 count_include_pad);
     size_t out_plane = (size_t)out_h * out_w, in_plane = (size_t)in_h * in_w;
     #pragma omp parallel for num_threads(threads_for((size_t)planes * out_plane * k_h * k_w)) \
         schedule(static)
@@ -142,6 +150,18 @@ AVX2 static inline __m256 max_nan8(__m256 m, __m256 v)
 }
 
 /* The even (odd) columns of a[0..16) in order. */
+/* The first min(n, 8) lanes of v into y (y may end before 8 floats). */
+AVX2 static inline void store_up_to8(float *y, __m256 v, int64_t n)
+{
+    if (n >= 8) {
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    float last[8];
+    _mm256_storeu_ps(last, v);
+    for (int64_t k = 0; k < n; ++k) y[k] = last[k];
+}
+
 AVX2 static inline __m256 even8(const float *a)
 {
     __m256 s = _mm256_shuffle_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), _MM_SHUFFLE(2, 0, 2, 0));
@@ -191,13 +211,7 @@ AVX2 static void stride2_taps3_avx2(int is_max, float *yrow, const float *t, int
         __m256 r = is_max ? max_nan8(max_nan8(e, d), e1)
                           : _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(e, d), e1),
                                           _mm256_mul_ps(row_count, _mm256_loadu_ps(col_count + o)));
-        if (o + 8 <= out_w) {
-            _mm256_storeu_ps(yrow + o, r);
-        } else {
-            float last[8];
-            _mm256_storeu_ps(last, r);
-            for (int64_t k = 0; k < out_w - o; ++k) yrow[o + k] = last[k];
-        }
+        store_up_to8(yrow + o, r, out_w - o);
     }
 }
 
@@ -240,13 +254,7 @@ AVX2 static void stride1_taps_avx2(int is_max, float *yrow, const float *t, int6
         }
         if (!is_max)
             r = _mm256_div_ps(r, _mm256_mul_ps(row_count, _mm256_loadu_ps(col_count + o)));
-        if (o + 8 <= out_w) {
-            _mm256_storeu_ps(yrow + o, r);
-        } else {
-            float last[8];
-            _mm256_storeu_ps(last, r);
-            for (int64_t k = 0; k < out_w - o; ++k) yrow[o + k] = last[k];
-        }
+        store_up_to8(yrow + o, r, out_w - o);
     }
 }
 
@@ -317,13 +325,7 @@ AVX2 static void pool_plane_flat_avx2(const pool_geometry *gm, const flat_geomet
         }
         if (!gm->is_max)
             r = _mm256_div_ps(r, _mm256_loadu_ps(fg->divisor + i));
-        if (i + 8 <= plane) {
-            _mm256_storeu_ps(yp + i, r);
-        } else {
-            float last[8];
-            _mm256_storeu_ps(last, r);
-            for (int64_t k = 0; k < plane - i; ++k) yp[i + k] = last[k];
-        }
+        store_up_to8(yp + i, r, plane - i);
     }
 }
 
@@ -547,14 +549,9 @@ int pool2d_f32(int kind, const float *x, int64_t planes, int64_t in_h, int64_t i
         free(col_count);
         return -1;
     }
-    for (int64_t ox = 0; ox < out_w; ++ox) {
-        int64_t x0 = ox * stride_w - pad_left, f, l;
-        if (count_include_pad)
-            taps_inside(x0, k_w, dil_w, -pad_left, in_w + pad_right, &f, &l);
-        else
-            taps_inside(x0, k_w, dil_w, 0, in_w, &f, &l);
-        col_count[ox] = (float)(l - f);
-    }
+    for (int64_t ox = 0; ox < out_w; ++ox)
+        col_count[ox] = (float)column_taps(ox, k_w, stride_w, pad_left, pad_right, dil_w, in_w,
+                                 count_include_pad);
     for (int64_t ox = out_w; ox < out_w + 8; ++ox) col_count[ox] = 1.0f;
 #if defined(__x86_64__)
     int flat = pool_flat(&gm, x, planes, y, col_count, threads);
