@@ -223,3 +223,40 @@ def test_max_pool_with_indices_stays_in_python():
     want_y, want_i = ReferenceEvaluator(model).run(None, {"x": x})
     np.testing.assert_array_equal(y, want_y)
     np.testing.assert_array_equal(i, want_i)
+
+
+@hsettings
+@given(n=st.integers(1, 2), c=st.integers(1, 9), h=st.integers(1, 23), w=st.integers(1, 29),
+       seed=st.integers(0, 1000), nan=st.booleans())
+def test_global_average_pool_matches_reference(n, c, h, w, seed, nan):
+    # planes of 1 to 667 values: the sixteen running sums, their tail and NaN anywhere
+    x = np.random.default_rng(seed).standard_normal((n, c, h, w)).astype(np.float32) + 3
+    if nan:
+        x.reshape(-1)[seed % x.size] = np.nan
+    want = ReferenceEvaluator(pool_model("GlobalAveragePool", [n, c, h, w])).run(None, {"x": x})[0]
+    got = kernels.global_average_pool(x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    # sums in double, rounded once: within one float32 rounding of numpy's pairwise mean
+    np.testing.assert_allclose(got, want, rtol=2e-7, atol=0)
+
+
+def test_hand_checked_global_average_pool():
+    # 1 + 2 + ... + 35 = 630 over one 5x7 plane (past the sixteen-lane loop, with a tail)
+    x = np.arange(1, 36, dtype=np.float32).reshape(1, 1, 5, 7)
+    assert kernels.global_average_pool(x)[0, 0, 0, 0] == np.float32(18)
+    # values whose float32 running sum loses the small ones: double sums keep them
+    x = np.array([2**24] + [1] * 31 + [-2**24], np.float32).reshape(1, 1, 1, 33)
+    np.testing.assert_allclose(kernels.global_average_pool(x)[0, 0, 0, 0], 31 / 33, rtol=1e-7)
+
+
+def test_global_average_pool_same_at_one_and_two_threads():
+    x = np.random.default_rng(6).standard_normal((2, 300, 13, 11)).astype(np.float32)
+    before = kernels.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            kernels.set_num_threads(threads)
+            results.append(kernels.global_average_pool(x).tobytes())
+    finally:
+        kernels.set_num_threads(before)
+    assert results[0] == results[1]
