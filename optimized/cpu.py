@@ -253,11 +253,21 @@ def global_average_pool(x):
 
 
 # row-wise ----------------------------------------------------------------------------------
+def _softmax_rows(shape, axis):
+    """(rows, cols) of a Softmax over `axis` when every axis after it has size 1: then the
+    opset-13 form (one axis) and the older one (all axes from `axis` on) agree; else None."""
+    axis = axis + len(shape) if axis < 0 else axis
+    if not 0 <= axis < len(shape) or any(d != 1 for d in shape[axis + 1:]):
+        return None
+    return int(np.prod(shape[:axis])), int(shape[axis])
+
+
 @float32_only
 def softmax(x, *, axis=-1):
-    if axis not in (-1, x.ndim - 1):
+    rows = _softmax_rows(x.shape, axis)
+    if rows is None:
         return NotImplemented
-    return kernels.softmax(x)
+    return kernels.softmax(x.reshape(rows)).reshape(x.shape)
 
 
 @float32_only
@@ -534,9 +544,10 @@ def _matmul_steps(ins, outs, *, alpha=1.0, transA=0, transB=0, transBatchA=0, tr
 @_described
 def _softmax_steps(ins, outs, *, axis=-1):
     x = ins[0]
-    if axis not in (-1, len(x.shape) - 1):
+    rows = _softmax_rows(x.shape, axis)
+    if rows is None:
         return None
-    return [kernels.softmax_step(x.slot, outs[0].slot, x.shape)]
+    return [kernels.softmax_step(x.slot, outs[0].slot, rows)]
 
 
 @_described

@@ -7,7 +7,16 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ._graph import Constants, Shapes, attr, copy_model, graph_output_names, rename_uses, set_nodes
+from ._graph import (
+    Constants,
+    Shapes,
+    attr,
+    copy_model,
+    graph_output_names,
+    node_inputs,
+    rename_uses,
+    set_nodes,
+)
 
 
 def eliminate_identities(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -17,6 +26,7 @@ def eliminate_identities(model: onnx.ModelProto) -> onnx.ModelProto:
     constants = Constants(graph)
     nodes = list(graph.node)
     outputs = graph_output_names(graph)
+    _unname_unread_dropout_masks(nodes, outputs)
     for node in list(nodes):
         if node.domain not in ("", "ai.onnx"):
             continue
@@ -28,6 +38,16 @@ def eliminate_identities(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes = others
     set_nodes(graph, nodes)
     return model
+
+
+def _unname_unread_dropout_masks(nodes, outputs) -> None:
+    """A Dropout's mask output that no node reads and the graph does not return loses its name
+    (the light models name it and never read it), so an inference Dropout can go."""
+    read = {name for node in nodes for name in node_inputs(node)} | set(outputs)
+    for node in nodes:
+        if (node.op_type == "Dropout" and node.domain in ("", "ai.onnx")
+                and len(node.output) > 1 and node.output[1] and node.output[1] not in read):
+            node.output[1] = ""
 
 
 def _bypass(others, outputs, source, result) -> bool:

@@ -179,6 +179,34 @@ def test_global_average_pool():
         assert_within_bound(plan, feeds, got)
 
 
+@pytest.mark.parametrize(("opset", "shape", "axis"), [
+    (9, (3, 10, 1, 1), 1),     # squeezenet's: the old form's default axis 1, trailing ones
+    (11, (2, 7, 1), -2),
+    (13, (2, 5, 1, 1), 1),     # the one-axis form over the same data
+    (13, (4, 3, 6), -1),
+])
+def test_softmax_with_only_ones_after_its_axis_runs_in_the_step_table(opset, shape, axis):
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=axis)]
+    model = model_of(nodes, [tensor("x", list(shape))], [tensor("y", None)], opset=opset)
+    feeds = {"x": (RNG.standard_normal(shape) * 4).astype(np.float32)}
+    got, want, compiled, _ = run_both(model, feeds)
+    assert_identical(got, want)
+    assert step_kinds(compiled) == [lib.PLAN_SOFTMAX]
+    np.testing.assert_allclose(got[0], reference_outputs(model, feeds)[0], rtol=1e-5, atol=1e-7)
+    assert got[0].sum(axis=axis) == pytest.approx(1, rel=1e-5)
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_softmax_over_an_axis_with_more_after_it_stays_in_python(opset):
+    # opset 11 normalizes over axes 1 and 2 together, opset 13 over axis 1 alone
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=1)]
+    model = model_of(nodes, [tensor("x", [2, 3, 4])], [tensor("y", None)], opset=opset)
+    feeds = {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)}
+    got, _, compiled, _ = run_both(model, feeds)
+    assert [op[0] for op in compiled.ops] == [PY]
+    np.testing.assert_allclose(got[0], reference_outputs(model, feeds)[0], rtol=1e-6)
+
+
 # --- decoder kernels ----------------------------------------------------------------------
 def reference_outputs(model, feeds):
     return ReferenceEvaluator(model).run(None, feeds)

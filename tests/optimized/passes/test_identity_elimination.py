@@ -88,3 +88,33 @@ def test_identity_onto_a_graph_output_renames_the_producer():
     rewritten = eliminate_identities(model)
     assert [(n.op_type, list(n.output)) for n in rewritten.graph.node] == [("Relu", ["y"])]
     assert_same_outputs(model, rewritten)
+
+
+def dropout_with_mask(mask_read: bool, mask_returned: bool = False):
+    """x -> Relu -> Dropout (output and mask) -> Abs -> y, the mask read by a Not or not."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Dropout", ["r"], ["o", "mask"], ratio=0.5),
+             helper.make_node("Abs", ["o"], ["y"])]
+    outputs = [("y", [2, 3])]
+    if mask_read:
+        nodes.append(helper.make_node("Not", ["mask"], ["kept"]))
+        outputs.append(helper.make_tensor_value_info("kept", TensorProto.BOOL, [2, 3]))
+    if mask_returned:
+        outputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 3]))
+    return make_model(nodes, [("x", [2, 3])], outputs, opset=9)
+
+
+def test_inference_dropout_with_an_unread_mask_is_removed():
+    # the light models' form (squeezenet at opset 9): the mask named, never read
+    model = dropout_with_mask(mask_read=False)
+    rewritten = eliminate_identities(model)
+    assert op_types(rewritten) == {"Relu": 1, "Abs": 1}
+    assert_same_outputs(model, rewritten)
+
+
+@pytest.mark.parametrize("read, returned", [(True, False), (False, True)])
+def test_dropout_whose_mask_is_read_or_returned_stays(read, returned):
+    model = dropout_with_mask(mask_read=read, mask_returned=returned)
+    rewritten = eliminate_identities(model)
+    assert op_types(rewritten)["Dropout"] == 1
+    assert list(rewritten.graph.node[1].output) == ["o", "mask"]
