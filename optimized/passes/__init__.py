@@ -10,7 +10,7 @@ import onnx
 
 from reference.weights import WeightStore, detach_initializers
 
-from ._graph import shared_inference, weights_into
+from ._graph import shared_inference, weights_into, working_copy
 from .attention_fusion import fuse_attention
 from .batchnorm_to_affine import batchnorm_to_affine
 from .constant_folding import fold_constants
@@ -56,37 +56,45 @@ PASSES: list[Pass] = [
     Pass("dead_code", 1, eliminate_dead_code),
     Pass("layer_norm_fusion", 2, fuse_layer_norm, anchors=frozenset({"ReduceMean"})),
     Pass("rms_norm_fusion", 2, fuse_rms_norm, anchors=frozenset({"ReduceMean"})),
-    Pass("gelu_fusion", 2, fuse_gelu),
+    Pass("gelu_fusion", 2, fuse_gelu, anchors=frozenset({"Erf", "Tanh"})),
     Pass("silu_mlp_fusion", 2, fuse_silu_mlp, anchors=frozenset({"Sigmoid"})),
-    Pass("attention_fusion", 2, fuse_attention),
-    Pass("rotary_fusion", 2, fuse_rotary),
-    Pass("gqa_fusion", 2, fuse_grouped_attention),
+    Pass("attention_fusion", 2, fuse_attention, anchors=frozenset({"Softmax"})),
+    Pass("rotary_fusion", 2, fuse_rotary, anchors=frozenset({"Neg"})),
+    Pass("gqa_fusion", 2, fuse_grouped_attention, anchors=frozenset({"Softmax"})),
     Pass("conv_bn_folding", 2, fold_conv_batchnorm, anchors=frozenset({"BatchNormalization"})),
     Pass("conv_affine_folding", 2, fold_conv_affine, anchors=frozenset({"Conv"})),
     Pass("batchnorm_to_affine", 2, batchnorm_to_affine, anchors=frozenset({"BatchNormalization"})),
     Pass("matmul_add_to_gemm", 2, matmul_add_to_gemm, anchors=frozenset({"MatMul"})),
-    Pass("fuse_bias_activation", 2, fuse_bias_activation),
+    Pass("fuse_bias_activation", 2, fuse_bias_activation,
+         anchors=frozenset({"Conv", "Gemm", "MatMul"})),
     Pass("dead_code_after_fusion", 2, eliminate_dead_code),
 ]
 
 
 def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = None) -> onnx.ModelProto:
-    """The model rewritten by every pass whose level is <= `level` (0: unchanged). With a
-    `store`, the large initializers a pass makes move into it, and the arrays no pass needs any
-    longer leave it, so that each pass copies the model without copying weights."""
+    """The model rewritten by every pass whose level is <= `level` (0: unchanged). The passes
+    rewrite one copy in place (the given model stays as it is, even when a pass fails); a pass
+    whose result serializes as its input did counts as no change, so its shapes stay shared.
+    With a `store`, the large initializers a pass makes move into it, and the arrays no pass
+    needs any longer leave it."""
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"optimize expects an onnx.ModelProto, got {type(model).__name__}")
     if not isinstance(level, int) or level < 0:
         raise ValueError(f"optimization level must be an int >= 0, got {level!r}")
-    with shared_inference(), weights_into(store):
+    if level == 0:
+        return model
+    with shared_inference(), weights_into(store), working_copy(model) as working:
+        present = op_types(working.model)
         for p in PASSES:
-            if p.level <= level and not (p.anchors and p.anchors.isdisjoint(op_types(model))):
+            if p.level <= level and not (p.anchors and p.anchors.isdisjoint(present)):
+                model = working.model
                 rewritten = p.function(model, store) if p.uses_store else p.function(model)
-                unchanged, model = rewritten is model, rewritten
-                if store is not None and not unchanged:
-                    detach_initializers(model, store)
-                    store.retain(model)
-    return model
+                if working.update(rewritten):
+                    present = op_types(rewritten)
+                    if store is not None:
+                        detach_initializers(rewritten, store)
+                        store.retain(rewritten)
+        return working.model
 
 
 def op_types(model: onnx.ModelProto) -> set[str]:

@@ -20,7 +20,51 @@ FUSED_DOMAIN = "onnx_parity.fused"
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
 
+class WorkingModel:
+    """The one copy of the model that optimize() hands from pass to pass: the passes rewrite it
+    in place (copy_model gives it back itself) instead of each copying the model and rebuilding
+    what it reads of it. `version` counts the passes that changed it; what is read of one
+    version (its inferred types) is shared by every pass that sees that version."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(model)  # the caller's model stays as it was, whatever a pass does
+        self.serialized = self.model.SerializeToString()
+        self.version = 0
+        self.types: dict = {}  # (version, data_prop) -> inferred types
+
+    def update(self, model: onnx.ModelProto) -> bool:
+        """Take a pass's result as the working model; True when it differs from the last one."""
+        self.model = model
+        serialized = model.SerializeToString()
+        if serialized == self.serialized:
+            return False
+        self.serialized = serialized
+        self.version += 1
+        self.types.clear()
+        return True
+
+
+_WORKING: ContextVar[WorkingModel | None] = ContextVar("working_model", default=None)
+
+
+@contextmanager
+def working_copy(model: onnx.ModelProto):
+    """A WorkingModel of `model`, rewritten in place by the passes called meanwhile."""
+    working = WorkingModel(model)
+    token = _WORKING.set(working)
+    try:
+        yield working
+    finally:
+        _WORKING.reset(token)
+
+
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy the caller may edit; inside working_copy, the working model itself (which only the
+    passes see)."""
+    working = _WORKING.get()
+    if working is not None and working.model is model:
+        return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
@@ -375,7 +419,18 @@ def shared_inference():
 
 
 def _inferred_types(model, data_prop: bool) -> dict:
-    """Value name -> TypeProto from onnx shape inference (read-only: it may be shared)."""
+    """Value name -> TypeProto from onnx shape inference (read-only: it may be shared). Of the
+    working model, those of its version: a pass asks for shapes before it edits the graph."""
+    working = _WORKING.get()
+    if working is not None and working.model is model:
+        key = (working.version, data_prop)
+        if key not in working.types:
+            working.types[key] = _inferred_types_of(model, data_prop)
+        return working.types[key]
+    return _inferred_types_of(model, data_prop)
+
+
+def _inferred_types_of(model, data_prop: bool) -> dict:
     light = _without_weights(model).SerializeToString()
     key, cache = (light, data_prop), _INFERRED.get()
     if cache is not None and key in cache:

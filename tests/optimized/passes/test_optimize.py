@@ -211,3 +211,83 @@ def test_weights_a_pass_makes_go_to_the_store_without_a_copy_in_the_model(monkey
                                rtol=1e-6)
     assert not is_stub(folded[1])  # the bias: 32 elements stay in the model
     assert_same_outputs(model, attached(rewritten))  # onnx's checker reads no stub
+
+
+def two_relus():
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    return make_model(nodes, [("x", [2, 3])], [("y", [2, 3])])
+
+
+def passes_of(monkeypatch, *functions):
+    import optimized.passes
+    from optimized.passes import Pass
+
+    monkeypatch.setattr(optimized.passes, "PASSES",
+                        [Pass(f"pass_{i}", 1, f) for i, f in enumerate(functions)])
+
+
+def test_a_pass_sees_what_the_pass_before_it_changed(monkeypatch):
+    from optimized.passes._graph import Shapes, copy_model
+
+    seen = []
+
+    def widen(model):  # the second Relu reads h concatenated with itself, [2, 6]
+        model = copy_model(model)
+        model.graph.node.insert(1, helper.make_node("Concat", ["h", "h"], ["hh"], axis=1))
+        model.graph.node[2].input[0] = "hh"
+        return model
+
+    def look(model):
+        last = model.graph.node[-1].input[0]
+        seen.append(([n.op_type for n in model.graph.node], Shapes(model).shape(last)))
+        return model
+
+    passes_of(monkeypatch, look, widen, look)
+    model = two_relus()
+    given = model.SerializeToString()
+    rewritten = optimize(model, 1)
+    assert seen == [(["Relu", "Relu"], [2, 3]), (["Relu", "Concat", "Relu"], [2, 6])]
+    assert [n.op_type for n in rewritten.graph.node] == ["Relu", "Concat", "Relu"]
+    assert model.SerializeToString() == given  # the passes edited optimize's copy alone
+
+
+def test_a_failed_pass_leaves_the_given_model_intact(monkeypatch):
+    from optimized.passes._graph import copy_model
+
+    def break_then_fail(model):
+        model = copy_model(model)
+        del model.graph.node[:]
+        raise RuntimeError("pass failed half-way")
+
+    passes_of(monkeypatch, break_then_fail)
+    model = two_relus()
+    given = model.SerializeToString()
+    with pytest.raises(RuntimeError, match="half-way"):
+        optimize(model, 1)
+    assert model.SerializeToString() == given
+
+
+def test_passes_that_change_nothing_share_one_shape_inference(monkeypatch):
+    from optimized.passes import _graph
+
+    calls = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def look(model):
+        _graph.Shapes(model)
+        return _graph.copy_model(model)  # an equal model counts as no change
+
+    def rename(model):
+        model = _graph.copy_model(model)
+        model.graph.node[0].name = "renamed"
+        return model
+
+    passes_of(monkeypatch, look, look, look)
+    optimize(two_relus(), 1)
+    assert len(calls) == 1
+    calls.clear()
+    passes_of(monkeypatch, look, rename, look)
+    optimize(two_relus(), 1)
+    assert len(calls) == 2  # a changed model is inferred anew
