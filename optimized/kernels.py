@@ -1536,6 +1536,10 @@ class _ShapeOnly:
         self.shape, self.ndim, self.size = tuple(shape), len(shape), math.prod(shape)
 
 
+STEP_WORDS = ffi.sizeof("plan_step") // 8  # StepTable.words(): int64 words a step
+FIELD_WORD = {name: ffi.offsetof("plan_step", name) // 8 for name in ("n", "g")}
+
+
 class StepTable:
     """A plan_step[] table and the slot addresses its steps read and write (void *[slots]).
 
@@ -1566,6 +1570,11 @@ class StepTable:
         for slot in slots:
             self._owners[slot] = None
             self.addresses[slot] = ffi.NULL
+
+    def words(self) -> np.ndarray:
+        """The steps' memory as int64 words, writable, for fields set per run in place: field
+        k of a step's n or g is word `step * STEP_WORDS + FIELD_WORD[name] + k`."""
+        return np.frombuffer(ffi.buffer(self.steps), np.int64)
 
     def run(self, start: int, stop: int) -> int:
         """Runs steps [start, stop); -1, or the index of the step whose kernel failed."""

@@ -555,7 +555,7 @@ class CompiledRun:
             if made and all(s in rec.static and rec.producer.get(s) == i for s in made):
                 kinds.append(None)  # worked out once
                 continue
-            description = None if i in rec.unmatched else describe_step(plan, step, rec)
+            description = None if i in rec.unmatched else self._describe(step, rec)
             kinds.append(PY if description is None else C)
             if description is not None:
                 described[i] = description
@@ -584,13 +584,20 @@ class CompiledRun:
                     kinds[i] = PY
                     storage[y] = "python"
                     continue
-            storage.update({s: "fresh" if s in outputs else "arena" for s in made})
+            storage.update({s: "fresh" if s in outputs or s in self.resized else "arena"
+                            for s in made})
         self.storage = storage
         need = self._liveness(steps, kinds, outputs)
         self._layout(steps, kinds, rec, storage, need)
         self._table(steps, kinds, described, rec, storage, need, outputs)
 
+    resized: frozenset = frozenset()  # slots made anew each run, with a shape per run
+    #                                   (optimized/plan_shapes.py), never in the arena
+
     # building -------------------------------------------------------------------------
+    def _describe(self, step: Step, rec: Recorder):
+        return describe_step(self.plan, step, rec)
+
     @staticmethod
     def _root(storage: dict, slot: int) -> int:
         while isinstance(storage.get(slot), tuple):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from benchmarks.decoders import SIZES, build_llama, empty_past, step_feeds
 from optimized.cpu import C_STEPS, KERNELS
-from optimized.plan import CompiledRun, Plan
-from optimized.plan_shapes import canonical, differing, matches, pattern_of
+from optimized.plan import PY, CompiledRun, Plan
+from optimized.plan_shapes import GrowingRun, affine, canonical, differing, matches, pattern_of
 
 F = TensorProto.FLOAT
 
@@ -155,3 +157,130 @@ def test_session_generation_uses_the_shared_program(monkeypatch, level):
     ran = count_runs(monkeypatch)
     assert load_example().generate(session, PROMPT, 10) == reference_generate(model, PROMPT, 10)
     assert len(ran) == 6 and len(set(map(id, ran))) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-10**6, 10**6), st.integers(-1000, 1000),
+       st.lists(st.integers(-10**4, 10**4), min_size=2, max_size=4, unique=True))
+def test_affine_finds_the_line_through_its_points(base, slope, ts):
+    assert affine(ts, [base + slope * t for t in ts]) == (base, slope)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-1000, 1000), st.integers(-100, 100), st.integers(1, 50),
+       st.integers(1, 50), st.integers(-5, 5).filter(bool))
+def test_affine_refuses_points_off_any_line(base, slope, step_a, step_b, bend):
+    t = [0, step_a, step_a + step_b]
+    values = [base, base + slope * t[1], base + slope * t[2] + bend]  # the last point bent
+    assert affine(t, values) is None
+
+
+def test_affine_hand_checked():
+    assert affine([129, 130, 132], [129 * 256, 130 * 256, 132 * 256]) == (0, 256)
+    assert affine([5, 6, 8], [7, 7, 7]) == (7, 0)
+    assert affine([5, 6, 8], [1, 2, 5]) is None  # 1, 2 then 5: not a line
+    assert affine([2, 4, 6], [0, 1, 2]) is None  # slope 1/2: not whole
+    assert affine([3, 3], [1, 2]) is None  # one length: no line to find
+
+
+def fused_model(tmp_path):
+    """The tiny Llama as the session runs it at level 99 (rotary and grouped attention fused)."""
+    import onnx
+
+    import optimized
+
+    options = optimized.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "fused.onnx")
+    optimized.InferenceSession(build_llama(SIZES["tiny"]).SerializeToString(), options)
+    return onnx.load(options.optimized_model_filepath)
+
+
+def test_cache_concat_and_attention_grow_in_c(monkeypatch):
+    """At level 99 the cache Concats and the fused grouped attention read and write values
+    whose length grows each step: the shared program runs them in C, with every generated
+    token the reference's."""
+    import optimized
+    from tests.test_generate_example import PROMPT, load_example, reference_generate
+
+    model = build_llama(SIZES["tiny"])
+    session = optimized.InferenceSession(model.SerializeToString())
+    ran = count_runs(monkeypatch)
+    assert load_example().generate(session, PROMPT, 12) == reference_generate(model, PROMPT, 12)
+    program = ran[-1]
+    assert isinstance(program, GrowingRun) and not program.broken and ran == [program] * 8
+    in_python = {program.plan.steps[op[1]].node.op_type for op in program.ops if op[0] == PY}
+    assert not in_python & {"Concat", "GroupedAttentionMasked", "GroupedAttention"}
+    assert program.c_steps_grown >= 2 * 2 + 2  # two layers: two cache Concats and attention
+
+
+def run_both(plans, feeds):
+    """Each plan's outputs for feeds, checked equal bit for bit (or the same error type)."""
+    results = []
+    for plan in plans:
+        try:
+            results.append(plan.run(dict(feeds)))
+        except Exception as e:  # noqa: BLE001 - compared below
+            results.append(type(e))
+    first = results[0]
+    for other in results[1:]:
+        if isinstance(first, type) or isinstance(other, type):
+            assert first == other
+            continue
+        for g, w in zip(first, other):
+            assert g.shape == w.shape and g.tobytes() == w.tobytes()
+    return first
+
+
+def generate_both(plans, model, steps: int) -> dict:
+    """decode_steps through both plans; the last feeds."""
+    loop = decode_steps(model, [1, 17, 42, 99, 7], steps)
+    feeds = next(loop)
+    outputs = run_both(plans, feeds)
+    try:
+        while True:
+            feeds = loop.send(outputs)
+            outputs = run_both(plans, feeds)
+    except StopIteration:
+        return feeds
+
+
+def shared_program_of(plan):
+    patterns = plan.shapes._patterns
+    assert len(patterns) == 1
+    return patterns[0].program
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_growing_program_matches_python_step_by_step(monkeypatch, tmp_path, threads):
+    """Through a generation, then shorter caches than the pattern was learned from (a new
+    generation), down to one position (the shortest the program takes) and none (out of its
+    range: Python), results bit for bit those of the plan run step by step in Python."""
+    from optimized import kernels
+
+    kernels.set_num_threads(threads)
+    model = fused_model(tmp_path)
+    in_c, in_python = Plan(model, KERNELS, c_steps=C_STEPS), Plan(model, KERNELS)
+    ran = count_runs(monkeypatch)
+    generate_both((in_c, in_python), model, 10)
+    program = shared_program_of(in_c)
+    assert isinstance(program, GrowingRun) and ran == [program] * 6
+    rng = np.random.default_rng(threads)
+    for past_length in (3, 1, 0):
+        past = {k: rng.standard_normal(v.shape[:2] + (past_length,) + v.shape[3:]).astype(
+            np.float32) for k, v in empty_past(model).items()}
+        run_both((in_c, in_python), {**step_feeds(np.array([[5]]), past_length), **past})
+    assert ran == [program] * 8 and not program.broken  # past 0: t = 1, below its range
+
+
+def test_feeds_off_the_line_run_in_python(monkeypatch, tmp_path):
+    """A mask one position longer than the cache: the feeds match the pattern, but not the
+    line the program's sizes follow; the run goes step by step in Python, which says what is
+    wrong, as the plan without C steps does."""
+    model = fused_model(tmp_path)
+    in_c, in_python = Plan(model, KERNELS, c_steps=C_STEPS), Plan(model, KERNELS)
+    feeds = generate_both((in_c, in_python), model, 6)
+    program = shared_program_of(in_c)
+    assert isinstance(program, GrowingRun)
+    bad = dict(feeds, attention_mask=np.ones((1, feeds["attention_mask"].shape[1] + 1), np.int64))
+    assert program._length(bad) is None
+    assert isinstance(run_both((in_c, in_python), bad), type) and not program.broken
