@@ -17,6 +17,7 @@ from reference.ops.conv import tied_filters
 from reference.registry import lookup
 
 from . import decoder_ops, kernels
+from .passes.fuse_bias_activation import CONV_HARD_SWISH
 from .passes.gqa_fusion import GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
 from .passes.rotary_fusion import ROTARY, ROTARY_INTERLEAVED
 from .passes.silu_mlp_fusion import FUSED_DOMAIN, SILU_MUL
@@ -225,6 +226,8 @@ ONEDNN_CONV_RULES = _onednn_rules()
 
 conv = float32_only(lambda x, w, b=None, **attrs: _conv(x, w, b, **attrs))
 fused_conv = float32_only(_conv)
+conv_hard_swish = float32_only(lambda x, w, b, **attrs: _conv(x, w, b, activation="HardSwish",
+                                                            **attrs))
 
 
 # pooling -----------------------------------------------------------------------------------
@@ -401,6 +404,7 @@ KERNELS = {
     (MS, "FusedMatMul"): fused_matmul,
     ("", "Conv"): conv,
     (MS, "FusedConv"): fused_conv,
+    (FUSED_DOMAIN, CONV_HARD_SWISH): conv_hard_swish,
     ("", "MaxPool"): max_pool,
     ("", "AveragePool"): average_pool,
     ("", "GlobalAveragePool"): global_average_pool,
@@ -981,6 +985,8 @@ C_STEPS = {
     (MS, "FastGelu"): _fast_gelu_steps,
     ("", "Conv"): _conv_steps,
     (MS, "FusedConv"): _conv_steps,
+    (FUSED_DOMAIN, CONV_HARD_SWISH): lambda ins, outs, **attrs: _conv_steps(
+        ins, outs, activation="HardSwish", **attrs),
     ("", "GlobalAveragePool"): _global_average_pool_steps,
     ("", "MaxPool"): _max_pool_steps,
     ("", "AveragePool"): _average_pool_steps,

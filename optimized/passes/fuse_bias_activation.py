@@ -1,6 +1,12 @@
 """Conv/Gemm (bias included) followed by an activation become com.microsoft FusedConv /
 FusedGemm, and a MatMul scaled by a constant becomes com.microsoft FusedMatMul, with the
-attributes onnxruntime's contrib operator docs define."""
+attributes onnxruntime's contrib operator docs define.
+
+onnxruntime's FusedConv has no HardSwish (MobileNetV3's activation), so a Conv with a bias
+followed by HardSwish becomes `onnx_parity.fused::ConvHardSwish(X, W, B)` instead: a
+model-local function whose body is those two nodes (the Conv's attributes passed through by
+reference), so the rewritten model stays valid ONNX that any runtime can run, and the CPU
+provider runs it as one convolution with the activation applied to its output."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,9 +14,11 @@ import onnx
 from onnx import helper
 
 from ._graph import (
+    FUSED_DOMAIN,
     MS_DOMAIN,
     Constants,
     Shapes,
+    add_fused_functions,
     attr,
     consumers,
     copy_model,
@@ -22,6 +30,11 @@ from ._graph import (
     set_nodes,
     splice,
 )
+
+CONV_HARD_SWISH = "ConvHardSwish"
+CONV_ATTRIBUTES = {"auto_pad": onnx.AttributeProto.STRING, "dilations": onnx.AttributeProto.INTS,
+                   "group": onnx.AttributeProto.INT, "kernel_shape": onnx.AttributeProto.INTS,
+                   "pads": onnx.AttributeProto.INTS, "strides": onnx.AttributeProto.INTS}
 
 ACTIVATIONS = {
     "Conv": ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid"),
@@ -37,7 +50,7 @@ def fuse_bias_activation(model: onnx.ModelProto) -> onnx.ModelProto:
     uses, outputs = consumers(graph), graph_output_names(graph)
     opset = opset_version(model)
     nodes = list(graph.node)
-    fused_any = False
+    microsoft = hard_swish = False  # which domains' ops were written
     consumed: set[int] = set()  # a residual Add read by two Convs goes to the first one only
     for node in list(nodes):
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("Conv", "Gemm", "MatMul"):
@@ -49,6 +62,8 @@ def fuse_bias_activation(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         if node.op_type == "MatMul":
             fused, followers = _fused_matmul(node, reader, constants, shapes), [reader]
+        elif node.op_type == "Conv" and reader.op_type == "HardSwish":
+            fused, followers = _conv_hard_swish(node, reader), [reader]
         elif node.op_type == "Conv" and reader.op_type in ("Add", "Sum"):
             fused, followers = _fused_conv_residual(node, reader, uses, outputs, constants,
                                                     shapes, opset)
@@ -60,11 +75,36 @@ def fuse_bias_activation(model: onnx.ModelProto) -> onnx.ModelProto:
         if fused is not None and not any(id(n) in consumed for n in replaced):
             consumed.update(id(n) for n in replaced)
             nodes = splice(nodes, replaced, [fused])
-            fused_any = True
+            microsoft |= fused.domain == MS_DOMAIN
+            hard_swish |= fused.domain == FUSED_DOMAIN
     set_nodes(graph, nodes)
-    if fused_any:
+    if microsoft:
         ensure_opset(model, MS_DOMAIN, 1)
+    if hard_swish:
+        add_fused_functions(model, [CONV_HARD_SWISH], lambda _: conv_hard_swish_function(opset))
     return model
+
+
+def _conv_hard_swish(conv, hard_swish):
+    """Conv(X, W, B) + HardSwish as one ConvHardSwish node, or None (no bias: the function
+    takes three inputs)."""
+    if len(conv.input) != 3 or not conv.input[2]:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+    return helper.make_node(CONV_HARD_SWISH, list(conv.input), [hard_swish.output[0]],
+                            name=conv.name or hard_swish.name, domain=FUSED_DOMAIN, **attrs)
+
+
+def conv_hard_swish_function(opset: int) -> onnx.FunctionProto:
+    """ConvHardSwish(X, W, B) = HardSwish(Conv(X, W, B)), the Conv's attributes by reference,
+    in the model's ai.onnx opset (HardSwish exists from 14)."""
+    conv = helper.make_node("Conv", ["X", "W", "B"], ["conv"])
+    conv.attribute.extend(helper.make_attribute_ref(name, kind)
+                          for name, kind in CONV_ATTRIBUTES.items())
+    body = [conv, helper.make_node("HardSwish", ["conv"], ["Y"])]
+    return helper.make_function(FUSED_DOMAIN, CONV_HARD_SWISH, ["X", "W", "B"], ["Y"], body,
+                                [helper.make_opsetid("", opset)],
+                                attributes=list(CONV_ATTRIBUTES))
 
 
 def _activation_params(fused_op, node, constants, opset):

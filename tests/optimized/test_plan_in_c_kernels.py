@@ -1,6 +1,6 @@
 """Step-table entries for the kernels that small convolutional and decoder models spend their
-runs in: Conv and FusedConv (our conv2d, or the oneDNN primitive _onednn_conv planned),
-GlobalAveragePool, the fused Rotary and GroupedAttention(Masked) of optimized/passes.  Each
+runs in: Conv, FusedConv and the fused ConvHardSwish (our conv2d, or the oneDNN primitive
+_onednn_conv planned), GlobalAveragePool, Softmax, the fused Rotary and GroupedAttention(Masked) of optimized/passes.  Each
 compiled run must give the Python plan's bits, stay within the agreement policy's bound of the
 reference op, and be compiled again when the input shapes change."""
 from __future__ import annotations
@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optimized import kernels
 from optimized.cpu import C_STEPS, KERNELS
+from optimized.passes.fuse_bias_activation import CONV_HARD_SWISH, fuse_bias_activation
 from optimized.passes.gqa_fusion import (
     GROUPED_ATTENTION,
     GROUPED_ATTENTION_MASKED,
@@ -126,6 +127,39 @@ def test_a_fused_convolution_with_a_residual(name):
     got, want, compiled, _ = run_both(model, feeds)
     assert_identical(got, want)
     assert step_kinds(compiled) == [conv_kind(name)]
+
+
+def conv_then_hard_swish(x_shape, w_shape, attrs):
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    b = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+             helper.make_node("HardSwish", ["c"], ["y"])]
+    return model_of(nodes, [tensor("x", ["N", x_shape[1], "H", "W"])], [tensor("y", None)],
+                    [("w", w), ("b", b)])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_conv_hard_swish_is_one_step_with_the_two_nodes_bits(name, threads):
+    x_shape, w_shape, attrs = CONVS[name]
+    unfused = conv_then_hard_swish(x_shape, w_shape, attrs)
+    fused = fuse_bias_activation(unfused)
+    assert [n.op_type for n in fused.graph.node] == [CONV_HARD_SWISH]
+    feeds = {"x": (RNG.standard_normal(x_shape) * 3).astype(np.float32)}
+    before = kernels.get_num_threads()
+    try:
+        kernels.set_num_threads(threads)
+        got, want, compiled, _ = run_both(fused, feeds)
+        apart, _, apart_compiled, _ = run_both(unfused, feeds)
+    finally:
+        kernels.set_num_threads(before)
+    assert_identical(got, want)
+    assert_identical(got, apart)  # the activation on the convolution's output, as HardSwish
+    assert [op[0] for op in compiled.ops] == [C]
+    assert step_kinds(compiled) == step_kinds(apart_compiled)[:1]
+    assert step_kinds(apart_compiled)[1:] == [lib.PLAN_ACTIVATION]
+    # float32 convolution sums against the reference's, through a slope of at most 1.5
+    np.testing.assert_allclose(got[0], reference_outputs(unfused, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_convolutions_are_planned_again_for_each_input_shape():

@@ -129,3 +129,43 @@ def test_residual_that_broadcasts_is_kept():
     model = make_model(nodes, [("x", [1, 4, 5, 5]), ("z", [1, 4, 1, 1])], [("y", [1, 4, 5, 5])],
                        inits, opset=13)
     assert op_types(fuse_bias_activation(model)) == {"Conv": 1, "Add": 1, "Relu": 1}
+
+
+def conv_hard_swish(bias=True, extra_reader=False, out_hw=(5, 8), **conv_attrs):
+    """Conv (N != C != H != W) + HardSwish at opset 14, where HardSwish starts."""
+    inits = {"w": RNG.standard_normal((6, 3, 3, 2)).astype(np.float32)}
+    if bias:
+        inits["b"] = RNG.standard_normal(6).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["c"],
+                              **conv_attrs),
+             helper.make_node("HardSwish", ["c"], ["y"])]
+    outputs = [("y", [2, 6, *out_hw])]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["c"], ["z"]))
+        outputs.append(("z", [2, 6, *out_hw]))
+    return make_model(nodes, [("x", [2, 3, 7, 9])], outputs, inits, opset=14)
+
+
+@pytest.mark.parametrize("out_hw, conv_attrs", [
+    ((5, 8), {}),
+    ((4, 8), {"pads": [1, 0, 1, 1], "strides": [2, 1], "dilations": [1, 2]}),
+    ((7, 9), {"auto_pad": "SAME_UPPER", "kernel_shape": [3, 2]}),
+])
+def test_conv_hard_swish_becomes_a_fused_function(out_hw, conv_attrs):
+    # onnxruntime's FusedConv has no HardSwish: a model-local function any runtime can run
+    model = conv_hard_swish(out_hw=out_hw, **conv_attrs)
+    fused = fuse_bias_activation(model)
+    assert op_types(fused) == {"onnx_parity.fused::ConvHardSwish": 1}
+    node = fused.graph.node[0]
+    assert list(node.input) == ["x", "w", "b"] and list(node.output) == ["y"]
+    assert attrs_of(node) == conv_attrs
+    assert [(f.domain, f.name) for f in fused.functions] == [("onnx_parity.fused",
+                                                              "ConvHardSwish")]
+    assert "com.microsoft" not in {o.domain for o in fused.opset_import}
+    assert_same_outputs(model, fused)
+
+
+@pytest.mark.parametrize("variant", [{"bias": False}, {"extra_reader": True}])
+def test_conv_hard_swish_without_bias_or_read_elsewhere_is_kept(variant):
+    model = conv_hard_swish(**variant)
+    assert op_types(fuse_bias_activation(model)) == op_types(model)
