@@ -69,6 +69,19 @@ void gemm_batched_f32(int trans_a, int trans_b, int batch, int m, int n, int k, 
                       const float *a, int64_t a_batch_stride, const float *b,
                       int64_t b_batch_stride, float *y);
 
+/* GEMM over constant weights packed once (csrc/gemm_packed.c).  gemm_pack_b copies b (k x n,
+ * or n x k when trans_b) into `packed`, gemm_packed_b_floats(k, n) floats: panels of 16
+ * columns, each k rows of 16 floats, the last padded with zeros.  gemm_packed_f32: y (m x n,
+ * contiguous) = act(alpha * a @ B + beta * c), a's rows lda apart, c NULL or
+ * c[i * c_row_stride + j * c_col_stride] (strides 0 broadcast).  Threads split the panels, so
+ * the result does not depend on the thread count.  allow_simd 0 forces the portable code. */
+int64_t gemm_packed_b_floats(int64_t k, int64_t n);
+void gemm_pack_b(const float *b, int trans_b, int64_t k, int64_t n, float *packed);
+void gemm_packed_f32(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                     const float *packed, float beta, const float *c, int64_t c_row_stride,
+                     int64_t c_col_stride, float *y, int act, float act_alpha, float act_beta,
+                     int allow_simd);
+
 /* GEMV for decoding (csrc/gemv.c): y (m x n, contiguous) = act(alpha * a @ op(b) +
  * beta * c) for 1 <= m <= GEMV_F32_MAX_ROWS, a's rows lda apart, b contiguous, stored n x k
  * when trans_b, else k x n.  c may be NULL, else c[i * c_row_stride + j * c_col_stride]
@@ -228,6 +241,10 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
  *                     then 6 element strides per input
  *   PLAN_TIED_CHANNELS out[0] (n[0] images of n[1] float32 channels of n[2] values) in place:
  *                     channel c = channel geometry[c], each such source its own (<= c)
+ *   PLAN_GEMM_PACKED  gemm_packed_f32: handle the packed B, in[0] a (rows g[2] apart),
+ *                     n[0..2] m, n, k, f[0] alpha, f[1] beta, in[2] c with strides g[0..1],
+ *                     act with f[2..3]
+ *   PLAN_ONEDNN_REGION onednn_region_run_slots(handle): side_slots its inputs then outputs
  *   PLAN_POOL         pool2d_f32: code kind, n[0..3] planes, in_h, in_w, out_h, g[0] out_w,
  *                     g[1..2] kernel, g[3..4] strides, g[5..8] pads (top, left, bottom, right),
  *                     g[9..10] dilations, flags bit 0 count_include_pad; fails where it does */
@@ -237,7 +254,7 @@ enum plan_kind {
     PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11, PLAN_ROWS_COPY = 12,
     PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256, PLAN_GEMV = 14, PLAN_CONV = 15,
     PLAN_ONEDNN_CONV = 16, PLAN_ROTARY = 17, PLAN_GQA = 18, PLAN_POOL = 19, PLAN_CAST = 20,
-    PLAN_SELECT = 21, PLAN_TIED_CHANNELS = 22
+    PLAN_SELECT = 21, PLAN_TIED_CHANNELS = 22, PLAN_GEMM_PACKED = 23
 };
 typedef struct {
     int32_t kind, code, act, flags;
@@ -252,7 +269,8 @@ typedef struct {
     const float *params;
     const int64_t *geometry;
     const int32_t *side_slots;
-    /* PLAN_GQA only: one KV head per query head; PLAN_ONEDNN_CONV only: its onednn_conv */
+    /* PLAN_GQA only: one KV head per query head; PLAN_ONEDNN_CONV only: its onednn_conv;
+     * PLAN_GEMM_PACKED only: the packed B */
     const int32_t *kv_head_of;
     void *handle;
 } plan_step;

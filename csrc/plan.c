@@ -134,6 +134,10 @@ static int run_step(const plan_step *s, void *const *slots)
                  s->f[0], IN(0), IN(1), s->f[1], IN(2), s->g[0], s->g[1], OUT(0), s->act,
                  s->f[2], s->f[3]);
         return 0;
+    case PLAN_GEMM_PACKED:
+        gemm_packed_f32(s->n[0], s->n[1], s->n[2], s->f[0], IN(0), s->g[2], s->handle, s->f[1],
+                        IN(2), s->g[0], s->g[1], OUT(0), s->act, s->f[2], s->f[3], 1);
+        return 0;
     case PLAN_MATMUL:
         gemm_batched_f32(s->flags & 1, (s->flags >> 1) & 1, (int)s->n[3], (int)s->n[0],
                          (int)s->n[1], (int)s->n[2], s->f[0], IN(0), s->g[0], IN(1), s->g[1],

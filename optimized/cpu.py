@@ -99,6 +99,38 @@ def gemv_rows(a_shape, b_ndim, trans_a) -> int:
     return rows if 1 <= rows <= GEMV_ROWS_UP_TO else 0
 
 
+# Rows of A from GEMV_ROWS_UP_TO + 1 up to which MatMul and Gemm with a constant 2-D B (and A
+# not transposed) run csrc/gemm_packed.c over B packed once per weight, rather than the BLAS,
+# which repacks B on every call.  Measured against the BLAS and oneDNN's matmul in
+# csrc/gemm_packed.c's docstring and benchmarks/test_kernels.py (test_gemm_packed_vs_blas):
+# ahead at every transformer shape there, up to 128 rows; 512 is the most rows measured.
+PACKED_GEMM_ROWS_UP_TO = 512
+
+# id(b) -> {trans_b: kernels.PackedWeights}, dropped when b is freed
+_PACKED_WEIGHTS: dict[int, dict] = {}
+
+
+def packed_rows(a_shape, b, trans_a) -> int:
+    """The rows of A (all of its leading axes) that the packed GEMM takes for this product,
+    or 0 where it does not: B must be a constant 2-D float32 value."""
+    if b is None or b.ndim != 2 or b.dtype != np.float32 or trans_a or len(a_shape) < 2:
+        return 0
+    rows = int(np.prod(a_shape[:-1]))
+    return rows if GEMV_ROWS_UP_TO < rows <= PACKED_GEMM_ROWS_UP_TO else 0
+
+
+def packed_weights(b, trans_b: bool) -> kernels.PackedWeights:
+    """b packed once for the packed GEMM (per orientation), kept while b lives."""
+    entry = _PACKED_WEIGHTS.get(id(b))
+    if entry is None:
+        entry = _PACKED_WEIGHTS[id(b)] = {}
+        weakref.finalize(b, _PACKED_WEIGHTS.pop, id(b), None)
+    packed = entry.get(bool(trans_b))
+    if packed is None:
+        packed = entry[bool(trans_b)] = kernels.PackedWeights(b, trans_b=bool(trans_b))
+    return packed
+
+
 @float32_only
 def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation=None,
          activation_alpha=None, activation_beta=None, **legacy):
@@ -109,12 +141,20 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation=No
         return kernels.gemv(a.reshape(-1, a.shape[0] if transA else a.shape[1]), b, c,
                             alpha=alpha, beta=beta, trans_b=bool(transB), activation=activation,
                             activation_params=params)
+    if a.ndim == 2 and _constant(b) and packed_rows(a.shape, b, transA):
+        return kernels.gemm_packed(a, packed_weights(b, transB), c, alpha=alpha, beta=beta,
+                                   activation=activation, activation_params=params)
     return kernels.gemm(a, b, c, alpha=alpha, beta=beta, trans_a=bool(transA),
                         trans_b=bool(transB), activation=activation, activation_params=params)
 
 
 def _matmul(a, b, alpha=1.0, trans_a=False, trans_b=False):
     rows = gemv_rows(a.shape, b.ndim, trans_a)
+    packed = _constant(b) and packed_rows(a.shape, b, trans_a)
+    if packed:
+        y = kernels.gemm_packed(np.ascontiguousarray(a).reshape(packed, a.shape[-1]),
+                                packed_weights(b, trans_b), alpha=alpha)
+        return y.reshape(a.shape[:-1] + (y.shape[1],))
     if not rows:
         return kernels.matmul(a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
     k = a.shape[-2] if trans_a else a.shape[-1]
@@ -519,6 +559,12 @@ def _gemm_steps(ins, outs, *, alpha=1.0, beta=1.0, transA=0, transB=0, activatio
     a, b = ins[:2]
     c = ins[2] if len(ins) > 2 else None
     params = [p for p in (activation_alpha, activation_beta) if p is not None]
+    if len(a.shape) == 2 and packed_rows(a.shape, b.value, transA):
+        return [kernels.gemm_packed_step(a.slot, a.shape, packed_weights(b.value, transB),
+                                         -1 if c is None else c.slot,
+                                         None if c is None else c.shape, outs[0].slot,
+                                         alpha=alpha, beta=beta, activation=activation,
+                                         activation_params=params)]
     if len(a.shape) == 2 and gemv_rows(a.shape, len(b.shape), transA):
         rows = a.shape[1] if transA else a.shape[0]
         return [kernels.gemv_step(a.slot, (rows, int(np.prod(a.shape)) // rows),
@@ -537,6 +583,11 @@ def _matmul_steps(ins, outs, *, alpha=1.0, transA=0, transB=0, transBatchA=0, tr
     if transBatchA or transBatchB:
         return None
     a, b = ins[:2]
+    packed = packed_rows(a.shape, b.value, transA)
+    if packed:
+        return [kernels.gemm_packed_step(a.slot, (packed, a.shape[-1]),
+                                         packed_weights(b.value, transB), -1, None,
+                                         outs[0].slot, alpha=alpha)]
     rows = gemv_rows(a.shape, len(b.shape), transA)
     if rows:
         return [kernels.gemv_step(a.slot, (rows, int(np.prod(a.shape)) // rows), b.slot, b.shape,

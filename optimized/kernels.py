@@ -449,6 +449,41 @@ def gemv(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: fl
     return out
 
 
+class PackedWeights:
+    """A constant B of a GEMM copied once into the panels csrc/gemm_packed.c reads: 16 columns
+    a panel, each K rows of 16 floats, the last panel padded with zeros.  Packed from b (k, n),
+    or (n, k) with trans_b; independent of M and of the thread count."""
+
+    __slots__ = ("k", "n", "data")
+
+    def __init__(self, b: np.ndarray, *, trans_b: bool = False):
+        b = _f32("B", b)
+        _rank("B", b, 2)
+        self.k, self.n = (int(d) for d in (b.shape[::-1] if trans_b else b.shape))
+        self.data = np.empty(lib.gemm_packed_b_floats(self.k, self.n), np.float32)
+        lib.gemm_pack_b(_ptr(b), int(bool(trans_b)), self.k, self.n, _ptr(self.data))
+
+
+def gemm_packed(a: np.ndarray, b: PackedWeights, c: np.ndarray | None = None, *,
+                alpha: float = 1.0, beta: float = 1.0, activation: str | None = None,
+                activation_params=(), out: np.ndarray | None = None,
+                allow_simd: bool = True) -> np.ndarray:
+    """act(alpha * a @ B + beta * c) for a (m, k) and B packed once (PackedWeights); C
+    broadcast to (m, n).  The same sums whatever the thread count (threads split columns)."""
+    code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
+    a = _f32("A", a)
+    _rank("A", a, 2)
+    m, k = a.shape
+    if k != b.k:
+        raise ValueError(f"packed GEMM inner dimensions differ: A is {[m, k]}, B is {[b.k, b.n]}")
+    c, c_strides = _addend("packed GEMM", c, m, b.n)
+    out = _output(out, (m, b.n), *((a,) if c is None else (a, c)))
+    lib.gemm_packed_f32(m, b.n, k, float(alpha), _ptr(a), k, _ptr(b.data), float(beta),
+                        ffi.NULL if c is None else _ptr(c), c_strides[0], c_strides[1],
+                        _ptr(out), code, act_alpha, act_beta, int(bool(allow_simd)))
+    return out
+
+
 def _whole_batch(x: np.ndarray, batch: tuple) -> np.ndarray:
     """x itself when its matrices step one by one over `batch` or it holds one matrix; else a
     contiguous copy broadcast to the whole batch."""
@@ -1225,6 +1260,30 @@ def gemv_step(a: int, a_shape, b: int, b_shape, c: int, c_shape, y: int, *, alph
     return _step(lib.PLAN_GEMV, [a, b, c], [y], act=code, flags=int(bool(trans_b)) << 1,
                  n=[m, n, k, 0], f=[float(alpha), float(beta), act_alpha, act_beta],
                  g=list(c_strides) + [0] * 10)
+
+
+def gemm_packed_step(a: int, a_shape, b: PackedWeights, c: int, c_shape, y: int, *,
+                     alpha=1.0, beta=1.0, activation=None, activation_params=()) -> dict:
+    """As gemm_packed(); a_shape is (m, k) (the rows of a MatMul's A taken together); c is -1
+    (and c_shape None) without a C input.  The step keeps b's panels alive."""
+    code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
+    if len(a_shape) != 2:
+        raise ValueError(f"packed GEMM takes 2-D A, got {list(a_shape)}")
+    m, k = a_shape
+    if k != b.k:
+        raise ValueError(f"packed GEMM inner dimensions differ: A is {[m, k]}, B is {[b.k, b.n]}")
+    _nonempty((m, b.n))
+    c_strides = (0, 0)
+    if c_shape is not None:
+        if not _broadcasts_to(tuple(c_shape), (m, b.n)):
+            raise ValueError(f"packed GEMM C of shape {list(c_shape)} does not broadcast to "
+                             f"{[m, b.n]}")
+        c_strides = tuple(s // 4 for s in np.broadcast_to(
+            np.empty(c_shape, np.float32), (m, b.n)).strides)
+    return _step(lib.PLAN_GEMM_PACKED, [a, -1, c], [y], act=code, n=[m, b.n, k, 0],
+                 f=[float(alpha), float(beta), act_alpha, act_beta],
+                 g=list(c_strides) + [k] + [0] * 9,
+                 handle=ffi.from_buffer("float[]", b.data))
 
 
 def softmax_step(x: int, y: int, shape) -> dict:
