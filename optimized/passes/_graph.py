@@ -202,8 +202,29 @@ class Constants:
         if name not in self.tensors:
             return None
         if name not in self._arrays:
-            self._arrays[name] = tensor_array(self.tensors[name])
+            self._arrays[name] = tensor_values(self.tensors[name])
         return self._arrays[name]
+
+
+# element types whose raw_data is the little-endian bytes of the numpy array
+_RAW_DTYPES = {helper.np_dtype_to_tensor_dtype(np.dtype(t)): np.dtype(t) for t in (
+    np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8,
+    np.uint16, np.uint32, np.uint64, np.bool_)}
+
+
+def tensor_values(tensor: onnx.TensorProto) -> np.ndarray:
+    """tensor_array, read straight from raw_data for a small tensor of a plain numeric type
+    (numpy_helper.to_array took 3x as long, and the passes read hundreds of shape and fill
+    constants)."""
+    dtype = _RAW_DTYPES.get(tensor.data_type)
+    if (dtype is None or sys.byteorder != "little" or tensor.data_location != 0
+            or not tensor.HasField("raw_data")):
+        return tensor_array(tensor)
+    raw = tensor.raw_data
+    shape = tuple(tensor.dims)
+    if len(raw) != math.prod(shape) * dtype.itemsize:
+        return tensor_array(tensor)  # its own error names the mismatch
+    return np.frombuffer(raw, dtype).reshape(shape).copy()
 
 
 def scalar(constants: Constants, name: str):
@@ -354,14 +375,19 @@ class Shapes:
     def __init__(self, model, data_prop: bool = False):
         # data_prop: shapes computed in the graph (Shape, Gather, Concat) are followed too
         self.infos = dict(_inferred_types(model, data_prop))
+        self._graph = model.graph
         # an initializer's own type and shape where inference names none (built on first use)
-        self._initializers = {i.name: (i.data_type, list(i.dims)) for i in model.graph.initializer
-                              if i.name not in self.infos}
+        self._initializers: dict | None = None
 
     def _type(self, name):
         tp = self.infos.get(name)
-        if tp is None and name in self._initializers:
-            tp = self.infos[name] = helper.make_tensor_type_proto(*self._initializers.pop(name))
+        if tp is None:
+            if self._initializers is None:
+                self._initializers = {i.name: (i.data_type, list(i.dims))
+                                      for i in self._graph.initializer if i.name not in self.infos}
+            if name in self._initializers:
+                tp = self.infos[name] = helper.make_tensor_type_proto(
+                    *self._initializers.pop(name))
         return tp
 
     def elem_type(self, name):

@@ -12,6 +12,7 @@ from reference import ReferenceEvaluator
 from reference.errors import ReferenceError_
 
 from ._graph import Constants, copy_model, graph_output_names, initializer, set_nodes, subgraphs
+from .large_fill_folding import constant_fill
 
 # a different value on every run, so never a constant
 RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
@@ -45,9 +46,20 @@ def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMEN
         undecided = [i for i in undecided if i not in taken]
         values = {i: _input_values(nodes[i], constants, max_elements) for i in wave}
         wave = [i for i in wave if values[i] is not None]
-        together = _evaluate_small(model, [(nodes[i], values[i]) for i in wave])
-        for k, i in enumerate(wave):
-            arrays = together[k] if k in together else _evaluate_one(model, nodes[i], values[i])
+        # a plain fill is made as it is (a light model's weights are hundreds of them: a model
+        # run for them cost more than the rest of the session's creation)
+        fills = {i: fill for i in wave if (fill := constant_fill(nodes[i], constants))}
+        evaluated = [i for i in wave if i not in fills]
+        together = _evaluate_small(model, [(nodes[i], values[i]) for i in evaluated])
+        position = {i: k for k, i in enumerate(evaluated)}
+        for i in wave:
+            k = position.get(i)
+            if k is None:
+                shape, value, _ = fills[i]
+                arrays = [np.full(shape, value, value.dtype)]
+            else:
+                arrays = together[k] if k in together else _evaluate_one(model, nodes[i],
+                                                                         values[i])
             arrays = _kept(nodes[i], arrays, max_elements)
             if arrays is None:
                 continue

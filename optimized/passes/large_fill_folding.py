@@ -14,12 +14,12 @@ import math
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from reference.dtypes import np_dtype
 from reference.weights import WeightStore
 
-from ._graph import Constants, copy_model, graph_output_names, set_nodes
+from ._graph import Constants, copy_model, graph_output_names, set_nodes, tensor_values
 
 # a fill this large is made once per session instead of on every run (constant folding's own
 # limit decides the smaller ones)
@@ -63,22 +63,32 @@ def fold_large_fills(model: onnx.ModelProto, store: WeightStore | None = None
 
 def _fill(node, constants: Constants, outputs: set[str]):
     """(shape, one-element value) of a large ConstantOfShape over a constant shape, else None."""
-    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
-        return None
     if len(node.output) != 1 or not node.output[0] or node.output[0] in outputs:
+        return None
+    fill = constant_fill(node, constants)
+    if fill is None or math.prod(fill[0]) < MIN_FILL_ELEMENTS:
+        return None
+    shape, value, data_type = fill
+    if math.prod(shape) * value.dtype.itemsize > MAX_FILL_BYTES:
+        return None
+    return shape, value, data_type
+
+
+def constant_fill(node, constants: Constants):
+    """(shape, value as a 0-d array, its tensor type) of a ConstantOfShape whose shape is a
+    constant vector of int64 sizes and whose value is one element of its own type (float32 0
+    by default), else None (the run then judges the node)."""
+    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
         return None
     if not node.input or not node.input[0] or node.input[0] not in constants:
         return None
     shape = constants.get(node.input[0])
     if shape.ndim != 1 or shape.dtype != np.int64 or np.any(shape < 0):
         return None  # the run reports a bad shape, naming the node
-    shape = [int(d) for d in shape]
     value, data_type = _value(node)
-    if value is None or math.prod(shape) < MIN_FILL_ELEMENTS:
+    if value is None:
         return None
-    if math.prod(shape) * value.dtype.itemsize > MAX_FILL_BYTES:
-        return None
-    return shape, value, data_type
+    return [int(d) for d in shape], value, data_type
 
 
 def _value(node):
@@ -90,7 +100,7 @@ def _value(node):
                     or a.t.data_type in PACKED_TYPES):
                 return None, None
             try:
-                value = numpy_helper.to_array(a.t)
+                value = tensor_values(a.t)
                 same_type = value.dtype == np_dtype(a.t.data_type)
             except (TypeError, ValueError, KeyError):
                 return None, None

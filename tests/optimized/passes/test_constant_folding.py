@@ -158,3 +158,48 @@ def test_nodes_evaluated_together_do_not_hold_all_their_large_results_at_once():
     assert op_types(folded) == {"Expand": 8, "Add": 8}
     one_result = side * side * 4
     assert peak < 4 * one_result, f"peak {peak / one_result:.1f} results"
+
+
+def test_a_plain_fill_is_made_without_running_a_model(monkeypatch):
+    import optimized.passes.constant_folding as folding
+
+    evaluated = []
+    real = folding._evaluate
+    monkeypatch.setattr(folding, "_evaluate", lambda model, nodes, *rest, **kw: (
+        evaluated.extend(n.op_type for n in nodes), real(model, nodes, *rest, **kw))[1])
+    shape = numpy_helper.from_array(np.array([2, 3, 4], np.int64))
+    nodes = [
+        helper.make_node("Constant", [], ["shape"], value=shape),
+        helper.make_node("ConstantOfShape", ["shape"], ["sevens"],
+                         value=numpy_helper.from_array(np.array([7], np.int32))),
+        helper.make_node("ConstantOfShape", ["shape"], ["zeros"]),  # float32 0 by default
+        helper.make_node("Cast", ["sevens"], ["sevens_f"], to=1),
+        helper.make_node("Add", ["sevens_f", "zeros"], ["c"]),
+        helper.make_node("Add", ["x", "c"], ["y"]),
+    ]
+    model = make_model(nodes, [("x", [2, 3, 4])], [("y", [2, 3, 4])])
+    folded = fold_constants(model)
+    assert "ConstantOfShape" not in evaluated and "Cast" in evaluated
+    sevens, zeros = initializer(folded, "sevens"), initializer(folded, "zeros")
+    assert sevens.dtype == np.int32 and sevens.shape == (2, 3, 4) and np.all(sevens == 7)
+    assert zeros.dtype == np.float32 and zeros.shape == (2, 3, 4) and not np.any(zeros)
+    assert op_types(folded) == {"Add": 1}
+    assert_same_outputs(model, folded)
+
+
+def test_tensor_values_read_as_numpy_helper_reads_them():
+    from optimized.passes._graph import tensor_values
+
+    rng = np.random.default_rng(3)
+    for dtype in (np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64,
+                  np.uint8, np.uint16, np.uint32, np.uint64, np.bool_):
+        for shape in ((), (0,), (3,), (2, 3, 5)):
+            array = (rng.standard_normal(shape) * 50).astype(dtype)
+            tensor = numpy_helper.from_array(array, "t")
+            values = tensor_values(tensor)
+            assert values.dtype == array.dtype and values.shape == array.shape
+            np.testing.assert_array_equal(values, numpy_helper.to_array(tensor))
+            values.reshape(-1)[:0] = 0  # its own array, which a pass may write
+    # data not in raw_data (helper.make_tensor's lists) goes through numpy_helper
+    listed = helper.make_tensor("t", 7, [2], [5, -3])  # INT64 in int64_data
+    np.testing.assert_array_equal(tensor_values(listed), [5, -3])
