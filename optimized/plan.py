@@ -86,6 +86,7 @@ class Plan:
         self.graph = model.graph
         self.opsets = self.evaluator.opsets
         self._runner = _GraphRunner(self.evaluator, lambda result: None)
+        self._attributes: dict[int, tuple] = {}  # id(node) -> (node, _static_attributes)
         names: list[str] = []
         self.index: dict[str, int] = {}
 
@@ -145,12 +146,19 @@ class Plan:
         return Step(node, run_fast, inputs, outputs, kernel="fast", reference=reference)
 
     def _static_attributes(self, node) -> dict | None:
-        """Attributes with schema defaults, converted once; None if the node has subgraphs."""
-        if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in node.attribute):
-            return None
-        domain = canonical_domain(node.domain)
-        schema = schema_for(node.op_type, self.opsets.get(domain, 0), domain)
-        return self._runner.attributes(node, Scope(), (), None, schema)
+        """Attributes with schema defaults, converted once per node (a new dict on each call);
+        None if the node has subgraphs."""
+        cached = self._attributes.get(id(node))
+        if cached is None or cached[0] is not node:
+            if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+                   for a in node.attribute):
+                attrs = None
+            else:
+                domain = canonical_domain(node.domain)
+                schema = schema_for(node.op_type, self.opsets.get(domain, 0), domain)
+                attrs = self._runner.attributes(node, Scope(), (), None, schema)
+            cached = self._attributes[id(node)] = (node, attrs)
+        return None if cached[1] is None else dict(cached[1])
 
     def _reference_call(self, node):
         domain = canonical_domain(node.domain)
@@ -172,6 +180,8 @@ class Plan:
 
     def _reads(self, step: Step) -> list[int]:
         used = [s for s in step.inputs if s != ABSENT]
+        if not step.node.attribute:  # no subgraph, so no outer names
+            return used
         return used + [self.index[n] for n in outer_names(step.node) if n in self.index]
 
     def _with_releases(self, steps: list[Step]) -> list[Step]:
@@ -345,7 +355,12 @@ def outer_names(node) -> set[str]:
     """Names a node's subgraphs read from enclosing scopes (implicit inputs)."""
     names: set[str] = set()
     for a in node.attribute:
-        graphs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)
+        if a.type == AttributeProto.GRAPH:
+            graphs = [a.g]
+        elif a.type == AttributeProto.GRAPHS:
+            graphs = a.graphs
+        else:
+            continue
         for g in graphs:
             local = {i.name for i in g.input} | {i.name for i in g.initializer}
             for inner in g.node:
