@@ -89,6 +89,41 @@ def test_gemm(benchmark, case, impl, threads):
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
 
 
+# MatMul/Gemm over constant weights in the transformer benchmarks (M x K -> N): vit's 37 rows
+# (36 patches and the class token) of 192, bert-mini's 128 of 256, bert_layer and gpt2's 128
+# of 768
+PACKED_GEMMS = {
+    "vit_37x192to192": (37, 192, 192), "vit_37x192to768": (37, 192, 768),
+    "vit_37x768to192": (37, 768, 192), "bert_mini_128x256to1024": (128, 256, 1024),
+    "bert_128x768to768": (128, 768, 768), "bert_128x768to3072": (128, 768, 3072),
+    "bert_128x3072to768": (128, 3072, 768),
+}
+
+
+@pytest.mark.parametrize("impl", ["packed", "blas", "onnxruntime"])
+@pytest.mark.parametrize("case", sorted(PACKED_GEMMS))
+def test_gemm_packed_vs_blas(benchmark, case, impl, threads):
+    """csrc/gemm_packed.c over B packed once, against the BLAS path (kernels.gemm, which the
+    BLAS repacks B for on every call) and onnxruntime's Gemm with B an initializer."""
+    m, k, n = PACKED_GEMMS[case]
+    a, b, c = rand(1, (m, k)), rand(2, (k, n)), rand(3, (n,))
+    benchmark.group = f"packed {case} {threads}thr"
+    expected = kernels.gemm(a, b, c)
+    out = np.empty((m, n), np.float32)
+    if impl == "packed":
+        packed = kernels.PackedWeights(b)
+        got = benchmark(kernels.gemm_packed, a, packed, c, out=out)
+    elif impl == "blas":
+        got = benchmark(kernels.gemm, a, b, c, out=out)
+    else:
+        sess = ort_session([helper.make_node("Gemm", ["a", "b", "c"], ["y"])], {"a": a},
+                           {"b": b, "c": c}, threads)
+        got = benchmark(sess.run, None, {"a": a})[0]
+        del sess
+        gc.collect()
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("impl", ["optimized", "reference", "onnxruntime"])
 @pytest.mark.parametrize("case", sorted(CONVS))
 def test_conv2d(benchmark, case, impl, threads):
