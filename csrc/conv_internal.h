@@ -31,4 +31,15 @@ int conv_depthwise_phased(const float *x, const struct conv_geometry *g, int64_t
                           int64_t group, const float *w, int64_t out_c, float *y,
                           const struct conv_output *o);
 
+/* Convolutions as one GEMM with the output step fused, on AVX2 (conv_pointwise.c): 1x1
+ * stride-1 unpadded ones, and direct ones for few input channels (group 1).  Call only where
+ * conv_avx2_available(); -1 when out of memory. */
+int conv_avx2_available(void);
+int conv_pointwise_avx2(const float *x, int64_t batch, int64_t in_c, int64_t group,
+                        const float *w, int64_t out_c, size_t plane, float *y,
+                        const struct conv_output *o);
+int stem_fits(const struct conv_geometry *g);
+int conv_stem_avx2(const float *x, const struct conv_geometry *g, int64_t batch,
+                   const float *w, int64_t out_c, float *y, const struct conv_output *o);
+
 #endif
