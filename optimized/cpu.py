@@ -247,7 +247,16 @@ def _onednn_conv(x, w, b, z, attrs):
 
 
 def _constant(a) -> bool:
-    return not a.flags.writeable and a.flags.c_contiguous
+    """A read-only C-contiguous array over memory nobody writes: the array at the end of its
+    chain of bases is read-only too and owns its memory or views immutable bytes (as
+    initializers do). A read-only view of a buffer the caller still writes is no constant: the
+    caches keyed by the array object would keep its old values."""
+    if a.flags.writeable or not a.flags.c_contiguous:
+        return False
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return not root.flags.writeable and (root.base is None or isinstance(root.base, bytes))
 
 
 def _onednn_rules() -> dict[str, str]:

@@ -1,0 +1,59 @@
+"""The packed-GEMM and oneDNN-convolution caches key a weight by its array object, taking a
+read-only C-contiguous array as a constant.  A read-only view of memory the caller still
+writes is no constant: fed again after its base changed, it must give the new result."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import optimized as ort
+from optimized import kernels
+
+
+def _session(nodes, inputs):
+    graph = helper.make_graph(nodes, "g", inputs,
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ort.InferenceSession(model.SerializeToString())
+
+
+def _read_only_view(base):
+    view = base[:]
+    view.flags.writeable = False
+    return view
+
+
+def _runs_follow_the_base(session, feeds, weight_name, base, reference):
+    view = _read_only_view(base)
+    for fill in (1.0, 2.0, -3.0):
+        base[:] = fill
+        got = session.run(None, {**feeds, weight_name: view})[0]
+        np.testing.assert_allclose(got, reference(view), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_read_only_view_of_a_written_base_is_packed_anew(op):
+    rows, k, n = 8, 5, 7  # 8 rows: the packed GEMM's range (above the GEMV's)
+    session = _session([helper.make_node(op, ["A", "B"], ["Y"])],
+                       [helper.make_tensor_value_info("A", TensorProto.FLOAT, [rows, k]),
+                        helper.make_tensor_value_info("B", TensorProto.FLOAT, [k, n])])
+    a = np.arange(rows * k, dtype=np.float32).reshape(rows, k) / 10
+    _runs_follow_the_base(session, {"A": a}, "B", np.zeros((k, n), np.float32),
+                          lambda b: a @ b)
+
+
+@pytest.mark.skipif(kernels.onednn_unavailable() is not None,
+                    reason="oneDNN is not built into this extension: its cache is not used")
+def test_read_only_view_of_a_written_base_convolves_anew():
+    x = np.linspace(-1, 1, 3 * 9 * 7, dtype=np.float32).reshape(1, 3, 9, 7)
+    session = _session([helper.make_node("Conv", ["X", "W"], ["Y"], pads=[1, 1, 1, 1])],
+                       [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 9, 7]),
+                        helper.make_tensor_value_info("W", TensorProto.FLOAT, [5, 3, 3, 3])])
+
+    def reference(w):  # all weights equal: each output is w * (sum of the 3x3x3 window)
+        padded = np.pad(x[0], ((0, 0), (1, 1), (1, 1)))
+        sums = np.array([[padded[:, i:i + 3, j:j + 3].sum() for j in range(7)]
+                         for i in range(9)], np.float32)
+        return np.broadcast_to(w.reshape(-1)[0] * sums, (1, 5, 9, 7))
+
+    _runs_follow_the_base(session, {"X": x}, "W", np.zeros((5, 3, 3, 3), np.float32),
+                          reference)
