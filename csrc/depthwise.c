@@ -100,7 +100,7 @@ static void depthwise3x3_plane(const float *padded, int64_t pw, const float *wc,
 }
 
 /* 3x3 depthwise over all planes, each through a per-thread zero-padded copy of its input. */
-int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int64_t batch,
+static int depthwise3x3_padded(const float *x, const struct conv_geometry *g, int64_t batch,
                              int64_t group, const float *w, int64_t out_c, float *y,
                              const struct conv_output *o)
 {
@@ -244,7 +244,7 @@ static void depthwise_phased_plane(const float *xc, const float *wc, float *yc,
  * is rounded up to whole strides, so a stride far past the input (one output per axis) would
  * make stride x stride mostly empty phase planes, and huge pads a huge padded plane; those go
  * to im2col.  In double: the products may not fit int64. */
-int phased_fits(const struct conv_geometry *g, size_t in_plane, size_t plane)
+static int phased_layout_fits(const struct conv_geometry *g, size_t in_plane, size_t plane)
 {
     double ph = (double)(g->out_h - 1) * g->stride_h + (double)(g->k_h - 1) * g->dil_h + 1.0;
     double pw = (double)(g->out_w - 1) * g->stride_w + (double)(g->k_w - 1) * g->dil_w + 1.0;
@@ -256,7 +256,7 @@ int phased_fits(const struct conv_geometry *g, size_t in_plane, size_t plane)
 
 /* Depthwise convolution of any kernel size, stride and dilation through the phase layout,
  * parallel over planes. */
-int conv_depthwise_phased(const float *x, const struct conv_geometry *g, int64_t batch,
+static int depthwise_phased(const float *x, const struct conv_geometry *g, int64_t batch,
                                  int64_t group, const float *w, int64_t out_c, float *y,
                                  const struct conv_output *o)
 {
@@ -288,4 +288,256 @@ int conv_depthwise_phased(const float *x, const struct conv_geometry *g, int64_t
     }
     free(scratch), free(offsets);
     return 0;
+}
+
+#if defined(__x86_64__)
+/* Depthwise convolution with AVX2, straight from the input planes: no padded copy, no scratch.
+ * Eight adjacent outputs of one row form a vector; each tap loads the input columns it reads
+ * (stride 2: sixteen columns, then their even lanes) with the columns outside the row masked
+ * to zero, and a row of taps in the padding reads a row of zeros, so the padding costs no copy
+ * and the border no scalar code.  Zeros are multiplied as the reference's padded input is
+ * (inf * 0 gives NaN there too). */
+enum {
+    DW_MAX_K = 8,       /* kernel rows and columns */
+    DW_MAX_ROWS = 7,    /* output rows computed together: independent sums hide the latency of
+                         * the multiply-adds, and they share the loads of input rows */
+    DW_ZERO_ROW = 256,  /* the row of zeros: a block's taps span (k_w - 1) * dil_w + 16 columns */
+    DW_MAX_DIM = 1 << 24,
+};
+
+static const float dw_zeros[DW_ZERO_ROW] __attribute__((aligned(32)));
+
+/* Lanes i of 8 with 0 <= c0 + i < in_w, all ones; the rest zero. */
+AVX2 static inline __m256i columns_inside(int64_t c0, int64_t in_w)
+{
+    int64_t lo = -c0, hi = in_w - c0;
+    lo = lo < 0 ? 0 : lo > 8 ? 8 : lo;
+    hi = hi < 0 ? 0 : hi > 8 ? 8 : hi;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i from_lo = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32((int)lo - 1));
+    __m256i below_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), lane);
+    return _mm256_and_si256(from_lo, below_hi);
+}
+
+/* The first n (1..7) lanes of v to y. */
+AVX2 static inline void store_first(float *y, __m256 v, int64_t n)
+{
+    __m128 lo = _mm256_castps256_ps128(v);
+    if (n >= 4) {
+        _mm_storeu_ps(y, lo);
+        y += 4, n -= 4;
+        lo = _mm256_extractf128_ps(v, 1);
+    }
+    if (n >= 2) {
+        _mm_storel_pi((__m64 *)y, lo);
+        y += 2, n -= 2;
+        lo = _mm_movehl_ps(lo, lo);
+    }
+    if (n == 1)
+        _mm_store_ss(y, lo);
+}
+
+/* Eight floats from row + c, the lanes outside the row zero unless full. */
+AVX2 static inline __m256 load_columns(const float *row, int64_t c, __m256i mask, int full)
+{
+    return full ? _mm256_loadu_ps(row + c) : _mm256_maskload_ps(row + c, mask);
+}
+
+/* The columns that each of the kw taps of one kernel row reads for 8 adjacent outputs: at
+ * stride 1 columns c0[kx] .. c0[kx] + 7 of row; at stride 2 columns c0[kx] + 2i, in the lane
+ * order of one in-lane shuffle (outputs 0 1 4 5 2 3 6 7: the sums are put in order once, at
+ * the end), with the odd columns of a pair of loads serving the next tap where dw is 1.
+ * mask[sw * kx + h]: the columns inside the row of the h-th 8 from c0[kx]. */
+AVX2 static inline __attribute__((always_inline)) void row_taps(
+    __m256 *t, const float *row, const int64_t *c0, const __m256i *mask, int full, int kw,
+    int sw, int64_t dw)
+{
+    if (sw == 1) {
+        for (int kx = 0; kx < kw; ++kx)
+            t[kx] = load_columns(row, c0[kx], mask[kx], full);
+        return;
+    }
+    for (int kx = 0; kx < kw; ++kx) {
+        __m256 a = load_columns(row, c0[kx], mask[2 * kx], full);
+        __m256 b = load_columns(row, c0[kx] + 8, mask[2 * kx + 1], full);
+        t[kx] = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        if (dw == 1 && kx + 1 < kw) {
+            ++kx;
+            t[kx] = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        }
+    }
+}
+
+/* Strides and dilations: constants where a specialised plane function inlines them. */
+struct dw_steps {
+    int64_t sh, sw, dh, dw;
+};
+
+/* Output columns [ox0, ox0 + 8) of every row of one plane (those past out_w are computed
+ * and dropped), `rows` rows at a time (those past out_h too).  full: every tap of the block
+ * reads inside the input row. */
+AVX2 static inline __attribute__((always_inline)) void depthwise_columns(
+    const struct conv_geometry *g, const float *xc, const __m256 *wv, __m256 bias,
+    const float *res, float *yc, int64_t ox0, int kh, int kw, struct dw_steps st, int full,
+    int rows)
+{
+    __m256i mask[2 * DW_MAX_K];
+    int64_t c0[DW_MAX_K];
+    for (int kx = 0; kx < kw; ++kx) {
+        c0[kx] = ox0 * st.sw + kx * st.dw - g->pad_left;
+        for (int h = 0; h < st.sw; ++h)
+            mask[st.sw * kx + h] = full ? _mm256_setzero_si256()
+                                        : columns_inside(c0[kx] + 8 * h, g->in_w);
+    }
+    /* zero_row + c0[kx] + lane stays inside dw_zeros */
+    const float *zero_row = dw_zeros - c0[0];
+    int64_t plane = g->out_h * g->out_w, n = g->out_w - ox0 < 8 ? g->out_w - ox0 : 8;
+    __m256i first_n = columns_inside(0, n);
+    for (int64_t oy = 0; oy < g->out_h; oy += rows) {
+        __m256 acc[DW_MAX_ROWS];
+        for (int r = 0; r < rows; ++r)
+            acc[r] = bias;
+        for (int ky = 0; ky < kh; ++ky)
+            for (int r = 0; r < rows; ++r) {
+                int64_t iy = (oy + r) * st.sh - g->pad_top + ky * st.dh;
+                const float *row = (uint64_t)iy < (uint64_t)g->in_h ? xc + iy * g->in_w : zero_row;
+                __m256 t[DW_MAX_K];
+                row_taps(t, row, c0, mask, full, kw, (int)st.sw, st.dw);
+                for (int kx = 0; kx < kw; ++kx)
+                    acc[r] = _mm256_fmadd_ps(wv[ky * kw + kx], t[kx], acc[r]);
+            }
+        for (int r = 0; r < rows && oy + r < g->out_h; ++r) {
+            int64_t at = (oy + r) * g->out_w + ox0;
+            if (st.sw == 2)
+                acc[r] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(acc[r]),
+                                                                _MM_SHUFFLE(3, 1, 2, 0)));
+            /* a whole vector where it stays inside the plane: the lanes past this row land on
+             * outputs written later (rows go down, and the last column block goes first) */
+            if (at + 8 <= plane) {
+                if (res != NULL)
+                    acc[r] = _mm256_add_ps(acc[r], _mm256_loadu_ps(res + at));
+                _mm256_storeu_ps(yc + at, acc[r]);
+            } else {
+                if (res != NULL)
+                    acc[r] = _mm256_add_ps(acc[r], _mm256_maskload_ps(res + at, first_n));
+                store_first(yc + at, acc[r], n);
+            }
+        }
+    }
+}
+
+/* One output plane: column blocks from the last to the first (see depthwise_columns). */
+AVX2 static inline __attribute__((always_inline)) void depthwise_plane_avx2(
+    const struct conv_geometry *g, const float *xc, const float *wc, float bias,
+    const float *res, float *yc, int kh, int kw, struct dw_steps st)
+{
+    __m256 wv[DW_MAX_K * DW_MAX_K];
+    for (int t = 0; t < kh * kw; ++t)
+        wv[t] = _mm256_set1_ps(wc[t]);
+    __m256 b = _mm256_set1_ps(bias);
+    int64_t span = (kw - 1) * st.dw + 8 * st.sw; /* columns a block's taps read */
+    for (int64_t ox0 = (g->out_w - 1) / 8 * 8; ox0 >= 0; ox0 -= 8) {
+        int64_t c = ox0 * st.sw - g->pad_left;
+        int full = c >= 0 && c + span <= g->in_w;
+        /* 7 independent sums where the rows come in sevens (every plane of a 224 x 224 model) */
+        if (g->out_h % 7 == 0)
+            full ? depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 1, 7)
+                 : depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 0, 7);
+        else
+            full ? depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 1, 4)
+                 : depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 0, 4);
+    }
+}
+
+typedef void (*depthwise_plane_fn)(const struct conv_geometry *, const float *, const float *,
+                                   float, const float *, float *);
+
+#define DW_PLANE(name, kh, kw, sh, sw, dh, dw)                                                 \
+    AVX2 static void name(const struct conv_geometry *g, const float *xc, const float *wc,     \
+                          float bias, const float *res, float *yc)                             \
+    {                                                                                          \
+        depthwise_plane_avx2(g, xc, wc, bias, res, yc, kh, kw, (struct dw_steps){sh, sw, dh, dw}); \
+    }
+
+/* the models' kernels, then any size, stride and dilation with stride 1 or 2 along x */
+DW_PLANE(plane_k3_s1, 3, 3, 1, 1, 1, 1)
+DW_PLANE(plane_k3_s2, 3, 3, 2, 2, 1, 1)
+DW_PLANE(plane_k5_s1, 5, 5, 1, 1, 1, 1)
+DW_PLANE(plane_k5_s2, 5, 5, 2, 2, 1, 1)
+DW_PLANE(plane_any_s1, (int)g->k_h, (int)g->k_w, g->stride_h, 1, g->dil_h, g->dil_w)
+DW_PLANE(plane_any_s2, (int)g->k_h, (int)g->k_w, g->stride_h, 2, g->dil_h, g->dil_w)
+
+/* The AVX2 plane function for this geometry, or NULL where it does not apply: no AVX2, a
+ * stride along x other than 1 or 2, a kernel larger than DW_MAX_K, a block's taps wider than
+ * the row of zeros, or sizes whose column arithmetic would leave 32 bits. */
+static depthwise_plane_fn depthwise_avx2_for(const struct conv_geometry *g)
+{
+    if (!have_avx2() || g->k_w > DW_MAX_K || g->k_h > DW_MAX_K || g->k_w < 1 || g->k_h < 1
+        || (g->stride_w != 1 && g->stride_w != 2) || g->in_w > DW_MAX_DIM
+        || g->out_w > DW_MAX_DIM || g->pad_left > DW_MAX_DIM
+        || (g->k_w - 1) * g->dil_w + 8 * g->stride_w > DW_ZERO_ROW)
+        return NULL;
+    int unit = g->stride_h == g->stride_w && g->dil_h == 1 && g->dil_w == 1;
+    if (unit && g->k_h == 3 && g->k_w == 3)
+        return g->stride_w == 1 ? plane_k3_s1 : plane_k3_s2;
+    if (unit && g->k_h == 5 && g->k_w == 5)
+        return g->stride_w == 1 ? plane_k5_s1 : plane_k5_s2;
+    return g->stride_w == 1 ? plane_any_s1 : plane_any_s2;
+}
+
+static int conv_depthwise_avx2(depthwise_plane_fn fn, const float *x,
+                               const struct conv_geometry *g, int64_t batch, int64_t group,
+                               const float *w, int64_t out_c, float *y,
+                               const struct conv_output *o)
+{
+    int64_t per_channel = out_c / group, taps = g->k_h * g->k_w;
+    size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
+    int64_t planes = batch * out_c;
+    PARALLEL_FOR(threads_for((size_t)planes * plane * (size_t)taps),
+        for (int64_t p = 0; p < planes; ++p) {
+            int64_t b = p / out_c, oc = p % out_c;
+            float *yc = y + (size_t)p * plane;
+            fn(g, x + ((size_t)b * group + (size_t)(oc / per_channel)) * in_plane,
+               w + (size_t)oc * taps, o->bias != NULL ? o->bias[oc] : 0.0f,
+               o->residual != NULL ? o->residual + (size_t)p * plane : NULL, yc);
+            activate_inplace(yc, plane, o->act, o->alpha, o->beta);
+        });
+    return 0;
+}
+#endif
+
+/* The entry points conv2d_f32 calls (conv_internal.h): where the AVX2 kernel applies it runs
+ * every depthwise convolution; elsewhere 3x3 ones go through a padded copy of each plane and
+ * the others through the phase layout where that stays small (else conv.c's im2col). */
+int conv_depthwise3x3(const float *x, const struct conv_geometry *g, int64_t batch,
+                      int64_t group, const float *w, int64_t out_c, float *y,
+                      const struct conv_output *o)
+{
+#if defined(__x86_64__)
+    depthwise_plane_fn fn = depthwise_avx2_for(g);
+    if (fn != NULL)
+        return conv_depthwise_avx2(fn, x, g, batch, group, w, out_c, y, o);
+#endif
+    return depthwise3x3_padded(x, g, batch, group, w, out_c, y, o);
+}
+
+int phased_fits(const struct conv_geometry *g, size_t in_plane, size_t plane)
+{
+#if defined(__x86_64__)
+    if (depthwise_avx2_for(g) != NULL)
+        return 1;
+#endif
+    return phased_layout_fits(g, in_plane, plane);
+}
+
+int conv_depthwise_phased(const float *x, const struct conv_geometry *g, int64_t batch,
+                          int64_t group, const float *w, int64_t out_c, float *y,
+                          const struct conv_output *o)
+{
+#if defined(__x86_64__)
+    depthwise_plane_fn fn = depthwise_avx2_for(g);
+    if (fn != NULL)
+        return conv_depthwise_avx2(fn, x, g, batch, group, w, out_c, y, o);
+#endif
+    return depthwise_phased(x, g, batch, group, w, out_c, y, o);
 }
