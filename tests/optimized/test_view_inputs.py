@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 
 from optimized import InferenceSession, SessionOptions, chains, kernels
 from optimized.cpu import KERNELS
+from optimized.passes.fuse_bias_activation import conv_hard_swish_function
 from optimized.passes.gqa_fusion import grouped_attention_function
 from optimized.passes.rotary_fusion import rotary_function
 from optimized.plan import Plan
@@ -140,6 +141,8 @@ CASES.update({
                                          rand(2, 2, 2, 7, 8), HEAD_TABLE, rand(3, 2, 1, 5, 7)],
                                         {"scale": 0.35}),
     # (B, S, N*H) with caches (positions, H/2) read at position_ids (B, S)
+    (FUSED, "ConvHardSwish"): ([rand(0, 2, 4, 9, 11), rand(1, 5, 4, 3, 2), rand(2, 5)],
+                               {"pads": [1, 0, 1, 0], "strides": [2, 1]}),
     (MS, "RotaryEmbedding"): ([rand(0, 2, 5, 32), np.array([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]]),
                                rand(1, 9, 4), rand(2, 9, 4)], {"num_heads": 4}),
     # a decode step of 2 tokens after 5 cached ones: seqlens_k = total - 1
@@ -149,7 +152,8 @@ CASES.update({
                                   {"num_heads": 4, "kv_num_heads": 2}),
 })
 # products accumulate in another order than the reference's
-TOLERANCE = {"Gemm": 1e-5, "MatMul": 1e-5, "Conv": 1e-5, "MatMulNBits": 1e-5,
+TOLERANCE = {"Gemm": 1e-5, "MatMul": 1e-5, "Conv": 1e-5, "ConvHardSwish": 1e-5,
+             "MatMulNBits": 1e-5,
              "GroupedAttention": 1e-5, "GroupedAttentionMasked": 1e-5,
              "GroupQueryAttention": 1e-5}
 
@@ -164,6 +168,7 @@ BODIES = {
 
 # fused ops whose passes write their model-local function: the reference runs that body
 FUNCTIONS = {
+    (FUSED, "ConvHardSwish"): lambda: conv_hard_swish_function(23),
     (FUSED, "Rotary"): lambda: rotary_function("Rotary", 23),
     (FUSED, "RotaryInterleaved"): lambda: rotary_function("RotaryInterleaved", 23),
     (FUSED, "GroupedAttention"): lambda: grouped_attention_function("GroupedAttention", 23),
