@@ -374,10 +374,17 @@ class Shapes:
 
     def __init__(self, model, data_prop: bool = False):
         # data_prop: shapes computed in the graph (Shape, Gather, Concat) are followed too
-        self.infos = dict(_inferred_types(model, data_prop))
+        self._infer = _types_as_now(model, data_prop)  # inferred on the first question only
+        self._infos: dict | None = None
         self._graph = model.graph
         # an initializer's own type and shape where inference names none (built on first use)
         self._initializers: dict | None = None
+
+    @property
+    def infos(self) -> dict:
+        if self._infos is None:
+            self._infos = dict(self._infer())
+        return self._infos
 
     def _type(self, name):
         tp = self.infos.get(name)
@@ -444,19 +451,27 @@ def shared_inference():
         _INFERRED.reset(token)
 
 
-def _inferred_types(model, data_prop: bool) -> dict:
-    """Value name -> TypeProto from onnx shape inference (read-only: it may be shared). Of the
-    working model, those of its version: a pass asks for shapes before it edits the graph."""
+def _types_as_now(model, data_prop: bool):
+    """A function giving the model's inferred types as they are now, even once a pass has
+    edited the model meanwhile: of the working model, those of its version (inferred from the
+    version's bytes, and shared); of another model, inferred now."""
     working = _WORKING.get()
-    if working is not None and working.model is model:
-        key = (working.version, data_prop)
+    if working is None or working.model is not model:
+        types = _inferred_types(model, data_prop)
+        return lambda: types
+    key, serialized = (working.version, data_prop), working.serialized
+
+    def types():
         if key not in working.types:
-            working.types[key] = _inferred_types_of(model, data_prop)
+            working.types[key] = _inferred_types(onnx.ModelProto.FromString(serialized),
+                                                 data_prop)
         return working.types[key]
-    return _inferred_types_of(model, data_prop)
+
+    return types
 
 
-def _inferred_types_of(model, data_prop: bool) -> dict:
+def _inferred_types(model, data_prop: bool) -> dict:
+    """Value name -> TypeProto from onnx shape inference (read-only: it may be shared)."""
     light = _without_weights(model).SerializeToString()
     key, cache = (light, data_prop), _INFERRED.get()
     if cache is not None and key in cache:

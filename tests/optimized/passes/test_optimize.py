@@ -276,7 +276,7 @@ def test_passes_that_change_nothing_share_one_shape_inference(monkeypatch):
                         lambda *a, **k: calls.append(1) or real(*a, **k))
 
     def look(model):
-        _graph.Shapes(model)
+        assert _graph.Shapes(model).shape("h") == [2, 3]
         return _graph.copy_model(model)  # an equal model counts as no change
 
     def rename(model):
@@ -291,3 +291,32 @@ def test_passes_that_change_nothing_share_one_shape_inference(monkeypatch):
     passes_of(monkeypatch, look, rename, look)
     optimize(two_relus(), 1)
     assert len(calls) == 2  # a changed model is inferred anew
+
+
+def test_shapes_are_inferred_when_first_asked_as_the_graph_was_when_made(monkeypatch):
+    from optimized.passes import _graph
+
+    calls = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    seen = []
+
+    def unasked(model):
+        _graph.Shapes(model)
+        return model
+
+    def edit_then_ask(model):
+        shapes = _graph.Shapes(model)
+        model = _graph.copy_model(model)
+        model.graph.node.insert(1, helper.make_node("Concat", ["h", "h"], ["hh"], axis=1))
+        model.graph.node[2].input[0] = "hh"
+        seen.append((shapes.shape("h"), shapes.shape("hh")))
+        return model
+
+    passes_of(monkeypatch, unasked)
+    optimize(two_relus(), 1)
+    assert calls == []
+    passes_of(monkeypatch, edit_then_ask)
+    optimize(two_relus(), 1)
+    assert seen == [([2, 3], None)]  # hh did not exist when the pass asked for the shapes
