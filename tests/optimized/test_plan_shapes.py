@@ -251,13 +251,16 @@ def shared_program_of(plan):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_growing_program_matches_python_step_by_step(monkeypatch, tmp_path, threads):
+def test_growing_program_matches_python_step_by_step(monkeypatch, request, tmp_path,
+                                                   threads):
     """Through a generation, then shorter caches than the pattern was learned from (a new
     generation), down to one position (the shortest the program takes) and none (out of its
     range: Python), results bit for bit those of the plan run step by step in Python."""
     from optimized import kernels
 
+    before = kernels.get_num_threads()
     kernels.set_num_threads(threads)
+    request.addfinalizer(lambda: kernels.set_num_threads(before))  # later tests keep theirs
     model = fused_model(tmp_path)
     in_c, in_python = Plan(model, KERNELS, c_steps=C_STEPS), Plan(model, KERNELS)
     ran = count_runs(monkeypatch)
