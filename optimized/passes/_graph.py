@@ -463,16 +463,22 @@ def _types_as_now(model, data_prop: bool):
 
     def types():
         if key not in working.types:
-            working.types[key] = _inferred_types(onnx.ModelProto.FromString(serialized),
-                                                 data_prop)
+            version = onnx.ModelProto.FromString(serialized)  # a copy of its own, to lighten
+            working.types[key] = _inferred_types(version, data_prop, lighten_in_place=True)
         return working.types[key]
 
     return types
 
 
-def _inferred_types(model, data_prop: bool) -> dict:
-    """Value name -> TypeProto from onnx shape inference (read-only: it may be shared)."""
-    light = _without_weights(model).SerializeToString()
+def _inferred_types(model, data_prop: bool, lighten_in_place: bool = False) -> dict:
+    """Value name -> TypeProto from onnx shape inference (read-only: it may be shared). With
+    lighten_in_place, the model is a copy of the caller's that may be lightened itself."""
+    if not lighten_in_place:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        model = copy
+    _lighten(model)
+    light = model.SerializeToString()
     key, cache = (light, data_prop), _INFERRED.get()
     if cache is not None and key in cache:
         cache.move_to_end(key)
@@ -490,8 +496,9 @@ def _inferred_types(model, data_prop: bool) -> dict:
     return types
 
 
-def _without_weights(model):
-    """A copy of the model for shape inference, with its large initializers as typed inputs."""
+def _lighten(model) -> None:
+    """The model made ready for shape inference in place: its large initializers become typed
+    inputs, and the fused nodes onnx knows no shapes for become their stand-ins."""
     graph = model.graph
     small, weights = [], []
     declared = {i.name for i in graph.input}
@@ -500,13 +507,25 @@ def _without_weights(model):
             small.append(i)
         elif i.name not in declared:
             weights.append(helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)))
+    if len(small) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(small)
+        graph.input.extend(weights)
     opset = opset_version(model)
-    nodes = [stand_in for node in graph.node for stand_in in _shape_stand_ins(node, opset)]
-    light_graph = helper.make_graph(nodes, graph.name, list(graph.input) + weights,
-                                    list(graph.output), small, value_info=list(graph.value_info))
-    return helper.make_model(light_graph, opset_imports=list(model.opset_import),
-                             functions=list(model.functions),
-                             ir_version=max(model.ir_version, 4))
+    if any(_needs_stand_in(node, opset) for node in graph.node):
+        set_nodes(graph, [stand_in for node in graph.node
+                          for stand_in in _shape_stand_ins(node, opset)])
+    model.ClearField("training_info")
+    model.ir_version = max(model.ir_version, 4)
+
+
+def _needs_stand_in(node, opset) -> bool:
+    """Whether _shape_stand_ins gives other nodes than `node` itself (it may still, where it
+    knows no stand-in, give the node back)."""
+    op_type = node.op_type
+    return (node.domain == MS_DOMAIN or op_type == "SimplifiedLayerNormalization"
+            or (op_type == "LayerNormalization" and opset < 17
+                and node.domain in ("", "ai.onnx")))
 
 
 def _shape_stand_ins(node, opset=0) -> list:
