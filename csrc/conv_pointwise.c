@@ -313,6 +313,55 @@ static struct phases phases_of(const struct conv_geometry *g)
     return p;
 }
 
+/* Phase q of one padded row: d[j] = src[j * sw + q - pad_left], 0 outside the input row. */
+static void phase_row(const float *src, int64_t in_w, int64_t pad_left, int64_t sw, int64_t q,
+                      int64_t width, float *d)
+{
+    int64_t lo, hi; /* j with the source column inside the row */
+    inside_range(q - pad_left, sw, in_w, width, &lo, &hi);
+    for (int64_t j = 0; j < lo; ++j)
+        d[j] = 0.0f;
+    const float *s = src + q - pad_left;
+    if (sw == 1)
+        memcpy(d + lo, s + lo, sizeof(float) * (size_t)(hi - lo));
+    else
+        for (int64_t j = lo; j < hi; ++j)
+            d[j] = s[j * sw];
+    for (int64_t j = hi; j < width; ++j)
+        d[j] = 0.0f;
+}
+
+/* d[j] of phase q for j in [j0, j1), one at a time (the ends of a row). */
+static void phase_span(const float *src, int64_t in_w, int64_t pad_left, int64_t sw, int64_t q,
+                       int64_t j0, int64_t j1, float *d)
+{
+    for (int64_t j = j0; j < j1; ++j) {
+        int64_t ix = j * sw + q - pad_left;
+        d[j] = ix >= 0 && ix < in_w ? src[ix] : 0.0f;
+    }
+}
+
+/* Both phases of a stride-2 row: where 16 consecutive source columns lie inside the row, they
+ * split into 8 even and 8 odd at once. */
+AVX2 static void two_phase_row(const float *src, int64_t in_w, int64_t pad_left, int64_t width,
+                               float *even, float *odd)
+{
+    int64_t j0 = (pad_left + 1) / 2, j = j0; /* the first j whose column 2j - pad_left >= 0 */
+    for (; j + 8 <= width && 2 * j - pad_left + 16 <= in_w; j += 8) {
+        const float *s = src + 2 * j - pad_left;
+        __m256 a = _mm256_loadu_ps(s), b = _mm256_loadu_ps(s + 8);
+        __m256 ev = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 od = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        _mm256_storeu_ps(even + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xd8)));
+        _mm256_storeu_ps(odd + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xd8)));
+    }
+    int64_t j_start = j0 < width ? j0 : width;
+    phase_span(src, in_w, pad_left, 2, 0, 0, j_start, even);
+    phase_span(src, in_w, pad_left, 2, 1, 0, j_start, odd);
+    phase_span(src, in_w, pad_left, 2, 0, j > j_start ? j : j_start, width, even);
+    phase_span(src, in_w, pad_left, 2, 1, j > j_start ? j : j_start, width, odd);
+}
+
 static void lay_out_phases(const float *x, const struct conv_geometry *g, struct phases p,
                            float *ph)
 {
@@ -325,13 +374,12 @@ static void lay_out_phases(const float *x, const struct conv_geometry *g, struct
                 continue;
             }
             const float *src = x + ((size_t)c * g->in_h + iy) * g->in_w;
-            for (int64_t q = 0; q < p.stride; ++q) {
-                float *d = dst + q * p.width;
-                for (int64_t j = 0; j < p.width; ++j) {
-                    int64_t ix = j * p.stride + q - g->pad_left;
-                    d[j] = ix >= 0 && ix < g->in_w ? src[ix] : 0.0f;
-                }
+            if (p.stride == 2) {
+                two_phase_row(src, g->in_w, g->pad_left, p.width, dst, dst + p.width);
+                continue;
             }
+            for (int64_t q = 0; q < p.stride; ++q)
+                phase_row(src, g->in_w, g->pad_left, p.stride, q, p.width, dst + q * p.width);
         }
 }
 
@@ -365,6 +413,18 @@ int conv_stem_avx2(const float *x, const struct conv_geometry *g, int64_t batch,
         free(ph);
         return -1;
     }
+    size_t *offsets = malloc(sizeof(size_t) * (size_t)depth);
+    if (offsets == NULL) {
+        free(ph);
+        scratch_close(&s);
+        return -1;
+    }
+    /* tap k of output row 0, from the image's phase layout; row oy is oy * sh padded rows on */
+    for (int64_t k = 0; k < depth; ++k) {
+        int64_t c = k / taps, ky = (k / g->k_w) % g->k_h, kx = k % g->k_w, dx = kx * g->dil_w;
+        offsets[k] = (((size_t)c * p.rows + ky * g->dil_h) * p.stride + dx % p.stride) * p.width
+                     + dx / p.stride;
+    }
     PARALLEL_FOR(threads_for(per_image * (size_t)batch),
         for (int64_t b = 0; b < batch; ++b)
             lay_out_phases(x + (size_t)b * g->channels * in_plane, g, p, ph + per_image * b););
@@ -375,12 +435,9 @@ int conv_stem_avx2(const float *x, const struct conv_geometry *g, int64_t batch,
         size_t y_offset = (size_t)image * out_c * plane;
         int64_t oy1 = (band + 1) * STEM_ROWS_PER_TASK;
         for (int64_t oy = band * STEM_ROWS_PER_TASK; oy < oy1 && oy < g->out_h; ++oy) {
-            for (int64_t k = 0; k < depth; ++k) {
-                int64_t c = k / taps, ky = (k / g->k_w) % g->k_h, kx = k % g->k_w;
-                int64_t py = oy * g->stride_h + ky * g->dil_h, dx = kx * g->dil_w;
-                r[k] = pi + (((size_t)c * p.rows + py) * p.stride + dx % p.stride) * p.width
-                       + dx / p.stride;
-            }
+            const float *row_base = pi + (size_t)oy * g->stride_h * p.stride * p.width;
+            for (int64_t k = 0; k < depth; ++k)
+                r[k] = row_base + offsets[k];
             size_t row = y_offset + (size_t)oy * g->out_w;
             for (int64_t col0 = 0; col0 < g->out_w; col0 += columns) {
                 int64_t col1 = col0 + columns < g->out_w ? col0 + columns : g->out_w;
@@ -390,7 +447,7 @@ int conv_stem_avx2(const float *x, const struct conv_geometry *g, int64_t batch,
             }
         }
     });
-    free(ph);
+    free(ph), free(offsets);
     scratch_close(&s);
     return 0;
 }
