@@ -136,7 +136,16 @@ def _array_to_store(tensor: TensorProto) -> np.ndarray | None:
     array = numpy_helper.to_array(tensor)
     # older onnx releases widen bfloat16 and float8 to float32: such an array could not be
     # written back as the tensor's own bytes (attached), so the tensor stays in the model
-    return array if array.dtype == np_dtype(tensor.data_type) else None
+    if array.dtype != np_dtype(tensor.data_type):
+        return None
+    # read-only down to its memory (float_data comes back as a view of a new array): a
+    # constant by the flags that the optimized kernels' weight caches trust
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root.setflags(write=False)
+        root = root.base
+    root.setflags(write=False)
+    return array
 
 
 def _detachable(tensor: TensorProto) -> bool:

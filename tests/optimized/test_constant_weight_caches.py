@@ -57,3 +57,23 @@ def test_read_only_view_of_a_written_base_convolves_anew():
 
     _runs_follow_the_base(session, {"X": x}, "W", np.zeros((5, 3, 3, 3), np.float32),
                           reference)
+
+
+def test_initializers_written_as_float_data_stay_constant_weights(monkeypatch):
+    """An initializer held in float_data (not raw bytes) is a constant all the same: the
+    session's copy of it is read-only down to its memory, so the packed GEMM takes it."""
+    rows, k, n = 8, 64, 48  # more than a small tensor's elements: the weight store keeps it
+    w = np.linspace(-1, 1, k * n, dtype=np.float32).reshape(k, n)
+    weight = helper.make_tensor("W", TensorProto.FLOAT, [k, n], w.reshape(-1).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "W"], ["Y"])], "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [rows, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], initializer=[weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    packed = []
+    real = kernels.gemm_packed
+    monkeypatch.setattr(kernels, "gemm_packed", lambda *a, **kw: packed.append(1) or real(*a, **kw))
+    a = np.linspace(0, 1, rows * k, dtype=np.float32).reshape(rows, k)
+    got = ort.InferenceSession(model.SerializeToString()).run(None, {"A": a})[0]
+    np.testing.assert_allclose(got, a @ w, rtol=1e-5, atol=1e-5)
+    assert packed  # not the BLAS: the weight counts as a constant
