@@ -4,8 +4,10 @@
  * Decode and small batches (m <= 8 on the 4-bit AVX2 path, else m <= 3): one pass over the
  * packed weights per 4 rows of a (per row off that path), dequantized in registers (AVX2+FMA
  * when the CPU has it, else portable C), split over n in chunks across the OpenMP threads.
- * Prefill: each thread dequantizes a panel of weight rows into float32 and runs a single-threaded
- * BLAS GEMM on it, so no full float copy of the weights ever exists. */
+ * Prefill: each thread dequantizes a panel of weight rows into float32 and runs it against all of
+ * a, so no full float copy of the weights ever exists: on the AVX2 path (block_size a multiple
+ * of 32) as 16 columns packed for a 6 x 16 register tile (gemm_packed_avx2), else through a
+ * single-threaded BLAS GEMM a panel. */
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
@@ -433,6 +435,149 @@ static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, 
     return status;
 }
 
+/* --- prefill on AVX2: dequantized weights packed for a register tile ------------------- */
+#if defined(__x86_64__)
+/* Each thread dequantizes PACK_COLS weight rows (output columns) at a time (dequant_row_avx2)
+ * and transposes them into a panel of k rows of PACK_COLS floats; tiles of TILE_ROWS rows of a
+ * then run over it, 12 vector accumulators of outputs (a broadcast, two panel loads, twelve
+ * FMAs a step of k), in chunks of K_CHUNK steps so that a chunk of the panel stays in L1.  Every
+ * output is one sum in k order, whatever the thread count.  (A BLAS GEMM on dequantized panels
+ * packed a and each panel again on every call.) */
+enum { PACK_COLS = 16, TILE_ROWS = 6, K_CHUNK = 256 };
+
+/* Columns kk..kk+7 of 8 rows (ld apart) as 8 rows of 8: dst[c * PACK_COLS + r] = src[r][c]. */
+AVX2 static inline __attribute__((always_inline)) void transpose8(const float *src, size_t ld,
+                                                                  float *dst)
+{
+    __m256 r[8], t[8], u[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; ++c) {
+        _mm256_storeu_ps(dst + c * PACK_COLS, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+        _mm256_storeu_ps(dst + (c + 4) * PACK_COLS, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+    }
+}
+
+/* The panel of weight rows row0 .. row0 + count - 1 (count <= PACK_COLS; zeros for the rest):
+ * panel[kk * PACK_COLS + j] = w[row0 + j][kk] for kk < padded.  rows: scratch of PACK_COLS
+ * dequantized rows. */
+AVX2 static void pack_panel_avx2(const nbits_weights *w, int row0, int count, int padded,
+                                 float *rows, float *zps, float *panel)
+{
+    for (int j = 0; j < PACK_COLS; ++j) {
+        float *dst = rows + (size_t)j * padded;
+        if (j < count)
+            dequant_row_avx2(w, row0 + j, dst, zps);
+        else
+            memset(dst, 0, (size_t)padded * sizeof(float));
+    }
+    for (int kk = 0; kk < padded; kk += 8)
+        for (int j = 0; j < PACK_COLS; j += 8)
+            transpose8(rows + (size_t)j * padded + kk, (size_t)padded,
+                       panel + (size_t)kk * PACK_COLS + j);
+}
+
+/* c[i * PACK_COLS + j] (+)= sum over kk < len of a[i * lda + kk] * panel[kk * PACK_COLS + j]
+ * for i < rows; `first` starts from zero. */
+AVX2 static inline __attribute__((always_inline)) void panel_tile(
+    const float *a, size_t lda, const float *panel, int len, float *c, int first, const int rows)
+{
+    __m256 acc[TILE_ROWS][2];
+    for (int i = 0; i < rows; ++i) {
+        acc[i][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * PACK_COLS);
+        acc[i][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * PACK_COLS + 8);
+    }
+    for (int kk = 0; kk < len; ++kk) {
+        __m256 b0 = _mm256_loadu_ps(panel + kk * PACK_COLS);
+        __m256 b1 = _mm256_loadu_ps(panel + kk * PACK_COLS + 8);
+        for (int i = 0; i < rows; ++i) {
+            __m256 ai = _mm256_broadcast_ss(a + i * lda + kk);
+            acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+        }
+    }
+    for (int i = 0; i < rows; ++i) {
+        _mm256_storeu_ps(c + i * PACK_COLS, acc[i][0]);
+        _mm256_storeu_ps(c + i * PACK_COLS + 8, acc[i][1]);
+    }
+}
+
+/* y[i][0 .. count) = a_pad row i (padded floats) @ the panel, y's rows ldy apart; c: scratch
+ * of m * PACK_COLS floats. */
+AVX2 static void panel_product_avx2(const float *a_pad, int m, int padded, const float *panel,
+                                    float *c, float *y, size_t ldy, int count)
+{
+    for (int k0 = 0; k0 < padded; k0 += K_CHUNK) {
+        int len = padded - k0 < K_CHUNK ? padded - k0 : K_CHUNK, first = k0 == 0;
+        const float *p = panel + (size_t)k0 * PACK_COLS;
+        for (int i = 0; i < m; i += TILE_ROWS) {
+            const float *ai = a_pad + (size_t)i * padded + k0;
+            float *ci = c + (size_t)i * PACK_COLS;
+            switch (m - i < TILE_ROWS ? m - i : TILE_ROWS) {
+            case 1: panel_tile(ai, padded, p, len, ci, first, 1); break;
+            case 2: panel_tile(ai, padded, p, len, ci, first, 2); break;
+            case 3: panel_tile(ai, padded, p, len, ci, first, 3); break;
+            case 4: panel_tile(ai, padded, p, len, ci, first, 4); break;
+            case 5: panel_tile(ai, padded, p, len, ci, first, 5); break;
+            default: panel_tile(ai, padded, p, len, ci, first, TILE_ROWS); break;
+            }
+        }
+    }
+    for (int i = 0; i < m; ++i)
+        memcpy(y + (size_t)i * ldy, c + (size_t)i * PACK_COLS, (size_t)count * sizeof(float));
+}
+
+/* Prefill on the AVX2 dequantizing path (block_size a multiple of 32): a copied once with
+ * zeros past k (padding codes dequantize to finite values), threads taking panels as they come
+ * free. */
+static int gemm_packed_avx2(const nbits_weights *w, const float *a, int m, float *y)
+{
+    int padded = w->n_blocks * w->block_size;
+    float *a_pad = malloc((size_t)m * padded * sizeof(float));
+    if (a_pad == NULL)
+        return -1;
+    for (int i = 0; i < m; ++i)
+        arrange_a(a + (size_t)i * w->k, w->k, padded, a_pad + (size_t)i * padded);
+    int panels = (w->n + PACK_COLS - 1) / PACK_COLS;
+    int threads = threads_for((size_t)m * w->n * padded / 4);
+    threads = threads < panels ? threads : panels;
+    int status = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *rows = malloc((size_t)2 * PACK_COLS * padded * sizeof(float));
+        float *c = malloc((size_t)m * PACK_COLS * sizeof(float));
+        float *zps = malloc((size_t)w->n_blocks * sizeof(float));
+        if (rows == NULL || c == NULL || zps == NULL) {
+            #pragma omp atomic write
+            status = -1;
+        } else {
+            float *panel = rows + (size_t)PACK_COLS * padded;
+            #pragma omp for schedule(dynamic, 1)
+            for (int p = 0; p < panels; ++p) {
+                int row0 = p * PACK_COLS;
+                int count = w->n - row0 < PACK_COLS ? w->n - row0 : PACK_COLS;
+                pack_panel_avx2(w, row0, count, padded, rows, zps, panel);
+                panel_product_avx2(a_pad, m, padded, panel, c, y + row0, (size_t)w->n, count);
+            }
+        }
+        free(rows);
+        free(c);
+        free(zps);
+    }
+    free(a_pad);
+    return status;
+}
+#endif
+
 int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
                      const uint8_t *zp_packed, const float *zp_float, const float *bias, float *y,
                      int m, int n, int k, int bits, int block_size, int allow_simd)
@@ -448,8 +593,16 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
     } else {
         int gemv_max = gemv_path(&w, allow_simd) == PATH_AVX2_4BIT ? 2 * A_ROWS_PER_PASS
                                                                    : GEMV_MAX_ROWS;
-        int status = m <= gemv_max ? gemv_rows(&w, a, m, y, allow_simd)
-                                        : gemm_panels(&w, a, m, y, allow_simd);
+        int path = gemv_path(&w, allow_simd), status;
+        (void)path; /* read by the x86-64 code only */
+        if (m <= gemv_max)
+            status = gemv_rows(&w, a, m, y, allow_simd);
+#if defined(__x86_64__)
+        else if (path != PATH_PORTABLE && w.block_size % 32 == 0)
+            status = gemm_packed_avx2(&w, a, m, y);
+#endif
+        else
+            status = gemm_panels(&w, a, m, y, allow_simd);
         if (status != 0)
             return status;
     }

@@ -316,3 +316,39 @@ def test_grid_against_the_reference_op(m, bits, block_size, zero_points):
     judgement = agreement.check_node(node, 1, inputs, [got],
                                      lambda *values: [op(*values, **attrs)])
     assert judgement.ok, judgement.message()
+
+
+@pytest.mark.parametrize("bits,block_size", [(4, 32), (8, 64), (4, 128)])
+def test_prefill_is_the_same_at_any_thread_count(bits, block_size):
+    """The prefill paths (16 weight rows packed for a register tile, on AVX2) sum each output in
+    one order whatever the thread count: bit for bit, over panels and row tiles with tails
+    (m = 37 rows of a, n = 83 weight rows, k past the last whole block)."""
+    rng = np.random.default_rng(bits * block_size)
+    m, n, k = 37, 83, 2 * block_size + 9
+    b, scales, zp = quantized(rng, n, k, bits, block_size, "packed")
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    results = []
+    for threads in (1, 2):
+        kernels.set_num_threads(threads)
+        try:
+            results.append(kernels.matmul_nbits(a, b, scales, zp, k=k, n=n, bits=bits,
+                                                block_size=block_size))
+        finally:
+            kernels.set_num_threads(kernels.available_cpus())
+    assert results[0].tobytes() == results[1].tobytes()
+    assert_agrees(results[0], a, b, scales, zp, None, k=k, n=n, bits=bits, block_size=block_size)
+
+
+def test_prefill_hand_checked():
+    """48 rows of a by 20 weight rows (a full panel of 16 and 4 over), 4 bits in blocks of 32,
+    every code 9 with zero point 8 and scale 0.5: each weight is 0.5, so y[i][j] is half the sum
+    of a's row i, the same in every column."""
+    m, n, k, block = 48, 20, 40, 32
+    blocks = 2
+    b = np.full((n, blocks, block // 2), 0x99, np.uint8)
+    scales = np.full(n * blocks, 0.5, np.float32)
+    zp = np.full(n * ((blocks * 4 + 7) // 8), 0x88, np.uint8)
+    a = (np.arange(m * k, dtype=np.float32).reshape(m, k) % 7) - 3
+    got = kernels.matmul_nbits(a, b, scales, zp, k=k, n=n, bits=4, block_size=block)
+    want = np.repeat((0.5 * a.sum(axis=1, dtype=np.float64))[:, None], n, axis=1)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
