@@ -1,12 +1,22 @@
 /* Vectorisable float32 exp, tanh, sigmoid and Gelu: plain arithmetic and selects, so that a
  * loop over them becomes SIMD code, where libm's expf/tanhf/erff are a scalar call per element.
  * Accuracy: exp within 2 ulp, subnormal results included (0 below the smallest subnormal,
- * inf above FLT_MAX); tanh, sigmoid and Gelu within a few 1e-7; NaN propagates. */
+ * inf above FLT_MAX); tanh, sigmoid and Gelu within a few 1e-7; NaN propagates.  Horner steps
+ * are explicit fused multiply-adds (vm_fma): erf Gelu over bert's 128 x 1024 took 420 us with
+ * separate multiplies and adds, 274 us with them (one thread, the AVX2 clone). */
 #ifndef KERNELS_VMATH_H
 #define KERNELS_VMATH_H
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+/* a * b + c rounded once.  Written out, since -std=c11 turns off the compiler's contraction:
+ * each Horner step is then one instruction in the AVX2+FMA clones, and every build gives the
+ * same bits (without FMA hardware it is libm's fmaf, correctly rounded alike, but slow). */
+static inline __attribute__((always_inline)) float vm_fma(float a, float b, float c)
+{
+    return fmaf(a, b, c);
+}
 
 static inline __attribute__((always_inline)) float vm_exp(float x)
 {
@@ -21,16 +31,16 @@ static inline __attribute__((always_inline)) float vm_exp(float x)
     /* round to nearest by the 1.5 * 2^23 trick: vectorises on any x86-64, where floorf needs
      * SSE4.1 */
     const float round_magic = 12582912.0f;
-    float n = (c * log2e + round_magic) - round_magic; /* in [-125, 128] */
-    float r = (c - n * ln2_hi) - n * ln2_lo; /* |r| <= ln2 / 2 */
+    float n = vm_fma(c, log2e, round_magic) - round_magic; /* in [-125, 128] */
+    float r = vm_fma(-n, ln2_lo, vm_fma(-n, ln2_hi, c)); /* |r| <= ln2 / 2 */
     float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    p = vm_fma(p, r, 1.0f / 720.0f);
+    p = vm_fma(p, r, 1.0f / 120.0f);
+    p = vm_fma(p, r, 1.0f / 24.0f);
+    p = vm_fma(p, r, 1.0f / 6.0f);
+    p = vm_fma(p, r, 0.5f);
+    p = vm_fma(p, r, 1.0f);
+    p = vm_fma(p, r, 1.0f);
     /* 2^(n-1): 2^n itself overflows at n = 128 */
     uint32_t bits = (uint32_t)((int32_t)n + 126) << 23;
     float half_scale;
@@ -65,16 +75,16 @@ static inline __attribute__((always_inline)) float vm_erfc_nonneg(float a)
 {
     float t = 1.0f / (1.0f + 0.5f * a);
     float p = 0.17087277f;
-    p = p * t - 0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t - 1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t - 0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t - 1.26551223f;
-    return t * vm_exp(p - a * a);
+    p = vm_fma(p, t, -0.82215223f);
+    p = vm_fma(p, t, 1.48851587f);
+    p = vm_fma(p, t, -1.13520398f);
+    p = vm_fma(p, t, 0.27886807f);
+    p = vm_fma(p, t, -0.18628806f);
+    p = vm_fma(p, t, 0.09678418f);
+    p = vm_fma(p, t, 0.37409196f);
+    p = vm_fma(p, t, 1.00002368f);
+    p = vm_fma(p, t, -1.26551223f);
+    return t * vm_exp(vm_fma(-a, a, p));
 }
 
 /* x * Phi(x), with Phi(x) = erfc(-x / sqrt 2) / 2 taken from the side where it is small. */
