@@ -155,6 +155,11 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
                      const uint8_t *zp_packed, const float *zp_float, const float *bias, float *y,
                      int m, int n, int k, int bits, int block_size, int allow_simd);
 
+/* The plan step of matmul_nbits_f32 (csrc/plan.c), no bias, allow_simd 1: in a, b, scales,
+ * zero points (flags bit 0: float ones, else packed); n[0..3] m, n, k, bits, g[0] block_size;
+ * fails where matmul_nbits_f32 does. */
+enum { PLAN_MATMUL_NBITS = 40 };
+
 /* A DequantizeLinear weight's 4- or 8-bit codes as MatMulNBits's b (the layout above, bits 4
  * or 8): src holds k x n codes (n x k when transposed), 8-bit one a byte, 4-bit two a byte,
  * the first in the low nibble.  Codes past k in a row's last block are 0.  flip_sign XORs each
@@ -254,7 +259,8 @@ enum plan_kind {
     PLAN_COPY = 9, PLAN_STRIDED_COPY = 10, PLAN_GATHER = 11, PLAN_ROWS_COPY = 12,
     PLAN_CHAIN = 13, PLAN_CHAIN_MAX_OPS = 256, PLAN_GEMV = 14, PLAN_CONV = 15,
     PLAN_ONEDNN_CONV = 16, PLAN_ROTARY = 17, PLAN_GQA = 18, PLAN_POOL = 19, PLAN_CAST = 20,
-    PLAN_SELECT = 21, PLAN_TIED_CHANNELS = 22, PLAN_GEMM_PACKED = 23
+    PLAN_SELECT = 21, PLAN_TIED_CHANNELS = 22, PLAN_GEMM_PACKED = 23,
+    PLAN_ONEDNN_REGION = 24
 };
 typedef struct {
     int32_t kind, code, act, flags;
@@ -300,3 +306,32 @@ int onednn_conv_run_native(onednn_conv *c, const float *x, float *y);
 size_t onednn_conv_native_bytes(const onednn_conv *c, int which);
 const char *onednn_conv_implementation(const onednn_conv *c);
 void onednn_conv_destroy(onednn_conv *c);
+
+/* Blocked regions (csrc/onednn_region.c): convolutions, activations, adds, channel concats and
+ * pools over buffers in oneDNN's layouts, reordered from and to NCHW only at the region's
+ * entries and exits.  Values are numbered 0..values-1, each defined once (entry or an op's
+ * output) before it is read; entries and exits are numbered in the order they are added.
+ * Every call returns 0, or -1 (NULL) with onednn_region_last_error() saying why.  conv's
+ * geometry is onednn_conv_create's, residual -1 where absent; pool kind 0 max, 1 average
+ * without padding cells, 2 average with them, geometry k_h, k_w, stride_h, stride_w,
+ * pad_top, pad_left, out_h, out_w.  conv's ties: NULL, or per output channel the channel
+ * whose values it copies after the activation (no residual then).  run_slots: inputs then
+ * outputs named by slot ids. */
+typedef struct onednn_region onednn_region;
+onednn_region *onednn_region_create(int64_t values);
+const char *onednn_region_last_error(void);
+int onednn_region_entry(onednn_region *r, int64_t value, const int64_t *dims);
+int onednn_region_conv(onednn_region *r, int64_t src, int64_t residual, int64_t dst,
+                       const int64_t *geometry, const float *w, const float *bias, int act,
+                       float alpha, float beta, const int64_t *ties);
+int onednn_region_activation(onednn_region *r, int64_t src, int64_t dst, int act, float alpha,
+                             float beta);
+int onednn_region_add(onednn_region *r, int64_t a, int64_t b, int64_t dst);
+int onednn_region_concat(onednn_region *r, const int64_t *srcs, int64_t count, int64_t dst);
+int onednn_region_pool(onednn_region *r, int64_t src, int64_t dst, int kind,
+                       const int64_t *geometry);
+int onednn_region_exit(onednn_region *r, int64_t value);
+int onednn_region_finish(onednn_region *r);
+int onednn_region_run(onednn_region *r, const float *const *inputs, float *const *outputs);
+int onednn_region_run_slots(onednn_region *r, void *const *slots, const int32_t *slot_ids);
+void onednn_region_destroy(onednn_region *r);

@@ -21,6 +21,7 @@
 #include <omp.h>
 
 #include "kernels.h"
+#include "onednn_internal.h"
 
 static char last_error[512];
 
@@ -70,6 +71,11 @@ const char *onednn_conv_implementation(const onednn_conv *c)
 {
     (void)c;
     return "";
+}
+
+void *onednn_library(void)
+{
+    return NULL;
 }
 
 void onednn_conv_destroy(onednn_conv *c)
@@ -141,6 +147,14 @@ int onednn_open(const char *path)
 done:
     pthread_mutex_unlock(&open_lock);
     return status;
+}
+
+void *onednn_library(void)
+{
+    pthread_mutex_lock(&open_lock);
+    void *handle = library;
+    pthread_mutex_unlock(&open_lock);
+    return handle;
 }
 
 struct onednn_conv {

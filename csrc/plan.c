@@ -190,6 +190,8 @@ static int run_step(const plan_step *s, void *const *slots)
                           IN(2), IN(3), OUT(0), s->g[10], s->g[11], s->act, s->f[0], s->f[1]);
     case PLAN_ONEDNN_CONV:
         return onednn_conv_run((onednn_conv *)s->handle, IN(0), IN(1), OUT(0)) == 0 ? 0 : -1;
+    case PLAN_ONEDNN_REGION:
+        return onednn_region_run_slots((onednn_region *)s->handle, slots, s->side_slots) == 0 ? 0 : -1;
     case PLAN_ROTARY:
         rotary_f32(IN(0), IN(1), IN(2), OUT(0), s->n[0], s->n[1], s->n[2], s->n[3], s->g[0],
                    s->g + 1, s->flags & 1, (s->flags >> 1) & 1);
@@ -220,6 +222,11 @@ static int run_step(const plan_step *s, void *const *slots)
         return 0;
     case PLAN_GATHER:
         return gather_rows(slots[s->in[0]], slots[s->in[1]], slots[s->out[0]], s->n[0], s->n[1], s->n[2], s->n[3]);
+    case PLAN_MATMUL_NBITS:
+        return matmul_nbits_f32(IN(0), IN(1), IN(2), (s->flags & 1) ? NULL : IN(3),
+                                (s->flags & 1) ? IN(3) : NULL, NULL, OUT(0), (int)s->n[0],
+                                (int)s->n[1], (int)s->n[2], (int)s->n[3], (int)s->g[0], 1) == 0
+                   ? 0 : -1;
     default:
         return -1;
     }

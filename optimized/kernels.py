@@ -696,6 +696,135 @@ class OneDNNConv:
             raise RuntimeError("oneDNN convolution failed")
 
 
+# --- blocked regions through oneDNN (csrc/onednn_region.c) ---------------------------------
+
+REGION_POOLS = {"max": 0, "average": 1, "average_with_pads": 2}  # csrc onednn_region_pool kinds
+
+
+class OneDNNRegion:
+    """Several convolutions, activations, adds, channel concats and pools run by oneDNN's
+    primitives back to back in its blocked layout, reordered from and to NCHW only at the
+    region's entries and exits.  Described op by op over numbered values (0..values-1), then
+    finish(); planned for the shapes given and the current thread count.  Raises RuntimeError
+    when oneDNN is unavailable or refuses an op, ValueError for a bad argument."""
+
+    def __init__(self, values: int):
+        reason = onednn_unavailable()
+        if reason is not None:
+            raise RuntimeError(f"oneDNN region unavailable: {reason}")
+        handle = lib.onednn_region_create(values)
+        self._check(handle != ffi.NULL)
+        self._handle = ffi.gc(handle, lib.onednn_region_destroy)
+        self.shapes: dict[int, tuple] = {}
+        self.inputs: list[int] = []
+        self.outputs: list[int] = []
+        self.threads = get_num_threads()
+
+    @staticmethod
+    def _check(ok: bool) -> None:
+        if not ok:
+            raise RuntimeError("oneDNN region: "
+                               + ffi.string(lib.onednn_region_last_error()).decode(errors="replace"))
+
+    def entry(self, value: int, shape) -> None:
+        shape = tuple(int(d) for d in shape)
+        if len(shape) != 4:
+            raise ValueError(f"a region's values are 4-D, got shape {list(shape)}")
+        _nonempty(shape)
+        self._check(lib.onednn_region_entry(self._handle, value, ffi.new("int64_t[4]", shape)) == 0)
+        self.shapes[value] = shape
+        self.inputs.append(value)
+
+    def conv(self, src: int, residual: int, dst: int, w: np.ndarray, bias=None, *, strides=None,
+             pads=None, dilations=None, group: int = 1, auto_pad: str = "NOTSET",
+             activation: str | None = None, activation_params=(), ties=None) -> tuple:
+        """dst = act(Conv(src, w) + bias + residual); residual -1 where absent.  ties: None,
+        or per output channel the channel it copies afterwards (no residual then)."""
+        code, act_alpha, act_beta = _activation(activation, tuple(activation_params))
+        w = _f32("W", w)
+        (batch, channels, in_h, in_w, out_c, _per_group, k_h, k_w, strides, dilations, begin,
+         end, out_h, out_w) = _conv_geometry(self.shapes[src], w, group, strides, dilations,
+                                             pads, auto_pad)
+        if bias is not None:
+            bias = _f32("B", bias)
+            if bias.shape != (out_c,):
+                raise ValueError(f"bias must have shape {[out_c]}, got {list(bias.shape)}")
+        _nonempty((batch, out_c, out_h, out_w))
+        geometry = ffi.new("int64_t[18]", [batch, channels, in_h, in_w, out_c, k_h, k_w, group,
+                                           *strides, *begin, *end, *dilations, out_h, out_w])
+        tie_table = ffi.NULL
+        if ties is not None:
+            ties = [int(t) for t in ties]
+            if len(ties) != out_c or any(not 0 <= t < out_c or ties[t] != t for t in ties):
+                raise ValueError(f"ties must name, per output channel, a channel among {out_c} "
+                                 "that is its own source")
+            tie_table = ffi.new("int64_t[]", ties)
+        self._check(lib.onednn_region_conv(self._handle, src, residual, dst, geometry, _ptr(w),
+                                           ffi.NULL if bias is None else _ptr(bias), code,
+                                           act_alpha, act_beta, tie_table) == 0)
+        self.shapes[dst] = (batch, out_c, out_h, out_w)
+        return self.shapes[dst]
+
+    def activation(self, src: int, dst: int, name: str, params=()) -> None:
+        code, alpha, beta = _activation(name, tuple(params))
+        self._check(lib.onednn_region_activation(self._handle, src, dst, code, alpha, beta) == 0)
+        self.shapes[dst] = self.shapes[src]
+
+    def add(self, a: int, b: int, dst: int) -> None:
+        if self.shapes[a] != self.shapes[b]:
+            raise ValueError(f"a region adds equal shapes, got {self.shapes[a]} and {self.shapes[b]}")
+        self._check(lib.onednn_region_add(self._handle, a, b, dst) == 0)
+        self.shapes[dst] = self.shapes[a]
+
+    def concat(self, srcs: list[int], dst: int) -> None:
+        self._check(lib.onednn_region_concat(self._handle, ffi.new("int64_t[]", srcs), len(srcs),
+                                             dst) == 0)
+        first = self.shapes[srcs[0]]
+        self.shapes[dst] = (first[0], sum(self.shapes[s][1] for s in srcs), *first[2:])
+
+    def pool(self, src: int, dst: int, kind: str, kernel_shape, strides, pads) -> tuple:
+        """kernel_shape, strides (2 each), pads (top, left, bottom, right); windows lie inside
+        the padded input (no ceil mode, no dilation)."""
+        batch, channels, in_h, in_w = self.shapes[src]
+        (k_h, k_w), (s_h, s_w), (top, left, bottom, right) = kernel_shape, strides, pads
+        out_h, out_w = (in_h + top + bottom - k_h) // s_h + 1, (in_w + left + right - k_w) // s_w + 1
+        if min(k_h, k_w, s_h, s_w, out_h, out_w) < 1 or min(pads) < 0:
+            raise ValueError(f"pool geometry {kernel_shape}, {strides}, {pads} gives no output")
+        geometry = ffi.new("int64_t[8]", [k_h, k_w, s_h, s_w, top, left, out_h, out_w])
+        self._check(lib.onednn_region_pool(self._handle, src, dst, REGION_POOLS[kind],
+                                           geometry) == 0)
+        self.shapes[dst] = (batch, channels, out_h, out_w)
+        return self.shapes[dst]
+
+    def exit(self, value: int) -> None:
+        self._check(lib.onednn_region_exit(self._handle, value) == 0)
+        self.outputs.append(value)
+
+    def finish(self) -> None:
+        self._check(lib.onednn_region_finish(self._handle) == 0)
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """The exits' values (NCHW float32) for the entries' values, in the order added."""
+        if len(inputs) != len(self.inputs):
+            raise ValueError(f"the region takes {len(self.inputs)} inputs, got {len(inputs)}")
+        arrays = []
+        for value, x in zip(self.inputs, inputs):
+            x = _f32("X", x)
+            if x.shape != self.shapes[value]:
+                raise ValueError(f"the region was planned for {self.shapes[value]}, got {x.shape}")
+            arrays.append(np.ascontiguousarray(x))
+        outs = [np.empty(self.shapes[v], np.float32) for v in self.outputs]
+        ins = PointerTable(len(arrays), dict(enumerate(arrays)))
+        results = PointerTable(len(outs), dict(enumerate(outs)))
+        self._check(lib.onednn_region_run(self._handle, ins.table, results.table) == 0)
+        return outs
+
+    def step(self, in_slots: list[int], out_slots: list[int]) -> dict:
+        """The region run by slot (inputs then outputs); the step keeps the region alive."""
+        slots = ffi.new("int32_t[]", list(in_slots) + list(out_slots))
+        return _step(lib.PLAN_ONEDNN_REGION, handle=self._handle, side_slots=slots)
+
+
 # --- pooling -------------------------------------------------------------------------------
 
 def _pool_setup(x, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
@@ -1527,6 +1656,26 @@ def grouped_attention_step(q: int, q_shape, k: int, k_shape, v: int, v_shape, kv
 
 CAST_TYPES = {np.dtype(np.bool_): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2,
               np.dtype(np.float32): 3, np.dtype(np.float64): 4}  # plan.c's cast codes
+
+
+def matmul_nbits_step(a: int, a_shape, b: int, scales: int, zero_points: int, y: int, *, k: int,
+                      n: int, bits: int, block_size: int, float_zero_points: bool = False) -> dict:
+    """As matmul_nbits() with no bias, simd on: a (..., k) float32; b, scales and zero_points
+    (-1 for none; float32 where float_zero_points, else packed uint8) of the sizes that
+    matmul_nbits checks, which the caller has checked."""
+    if bits not in (2, 4, 8) or block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"MatMulNBits bits {bits}, block_size {block_size}: not a kernel's")
+    if not a_shape or a_shape[-1] != k:
+        raise ValueError(f"A's last axis must be K={k}, got shape {list(a_shape)}")
+    m = math.prod(a_shape[:-1])
+    _nonempty((m, n))
+    blocks = (k + block_size - 1) // block_size
+    for name, v in (("M", m), ("N", n), ("K", k), ("K in whole blocks", blocks * block_size),
+                    ("A size", m * k), ("B size", n * blocks * block_size * bits // 8)):
+        _c_int(name, v)
+    return _step(lib.PLAN_MATMUL_NBITS, [a, b, scales, zero_points], [y],
+                 flags=int(bool(float_zero_points)), n=[m, n, k, bits],
+                 g=[block_size] + [0] * 11)
 
 
 def cast_step(x: int, x_dtype, y: int, y_dtype, count: int) -> dict:

@@ -27,7 +27,7 @@ from reference.functions import schema_for
 from reference.registry import OpContext, canonical_domain, lookup
 from reference.values import normalize
 
-from . import chains, kernels
+from . import chains, kernels, onednn_region
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,8 @@ class Plan:
         self.unfused_steps = self._with_releases(steps)
         self.steps = self.unfused_steps
         if fuse_chains:
-            self.steps = self._with_releases(self._fuse_chains(steps))
+            grouped = onednn_region.group_steps(self, steps) if c_steps is not None else steps
+            self.steps = self._with_releases(self._fuse_chains(grouped))
         if c_steps is not None:  # programs shared by signatures differing in a cache's length
             from .plan_shapes import ShapePatterns
             self.shapes = ShapePatterns(self)
@@ -503,6 +504,8 @@ def describe_step(plan: Plan, step: Step, rec: Recorder):
     """The step as step-table entries (cpu.C_STEPS, or a fused chain), ALIAS, or None."""
     if isinstance(step.run, chains.FusedChain):
         return _describe_chain(step, rec)
+    if isinstance(step.run, onednn_region.RegionRun):
+        return step.run.describe([rec.specs.get(s) for s in step.inputs])
     describe = plan.c_steps.get((canonical_domain(step.node.domain), step.node.op_type))
     if describe is None or step.run is None:
         return None

@@ -1,0 +1,286 @@
+"""Blocked regions (optimized/onednn_region.py, kernels.OneDNNRegion, csrc/onednn_region.c):
+groups of convolutions, activations, adds, concats and pools run in oneDNN's blocked layout as
+one step, checked against the reference evaluator on whole models and op by op."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from optimized import InferenceSession, SessionOptions, kernels, onednn_region
+from reference import ReferenceEvaluator
+from reference.registry import lookup
+
+UNAVAILABLE = kernels.onednn_unavailable()
+needs_onednn = pytest.mark.skipif(UNAVAILABLE is not None,
+                                  reason=f"oneDNN cannot run here: {UNAVAILABLE}")
+pytestmark = needs_onednn
+reference_conv = lookup("", "Conv", 22).fn
+
+
+@pytest.fixture(autouse=True)
+def regions_on(monkeypatch):
+    monkeypatch.setenv(onednn_region.ENV, "1")
+
+
+def weights(rng, name, shape):
+    return numpy_helper.from_array((rng.uniform(-1, 1, shape) / np.sqrt(np.prod(shape[1:])))
+                                   .astype(np.float32), name)
+
+
+def model(nodes, inits, x_shape, outputs):
+    graph = helper.make_graph(
+        nodes, "region", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+def bottleneck(c=12, mid=6, extra_output=True, seed=0):
+    """A resnet bottleneck: 1x1, 3x3, 1x1 convolutions, residual Add and Relu; channel counts
+    not multiples of 8, so the blocked buffers carry padding channels."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], kernel_shape=[1, 1]),
+        helper.make_node("Add", ["c3", "x"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    inits = [weights(rng, "w1", (mid, c, 1, 1)), weights(rng, "b1", (mid,)),
+             weights(rng, "w2", (mid, mid, 3, 3)), weights(rng, "b2", (mid,)),
+             weights(rng, "w3", (c, mid, 1, 1)), weights(rng, "b3", (c,))]
+    return model(nodes, inits, ["N", c, "H", "W"], ["y", "r1"] if extra_output else ["y"])
+
+
+def fire(c=16, squeeze=8, expand=16, seed=1):
+    """A squeezenet fire module with its Concat, then MaxPool, a 1x1 and GlobalAveragePool."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["x", "ws", "bs"], ["sq"], kernel_shape=[1, 1]),
+        helper.make_node("Relu", ["sq"], ["rs"]),
+        helper.make_node("Conv", ["rs", "we1", "be1"], ["e1"], kernel_shape=[1, 1]),
+        helper.make_node("Relu", ["e1"], ["re1"]),
+        helper.make_node("Conv", ["rs", "we3", "be3"], ["e3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["e3"], ["re3"]),
+        helper.make_node("Concat", ["re1", "re3"], ["cat"], axis=1),
+        helper.make_node("MaxPool", ["cat"], ["mp"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 1, 1, 0]),
+        helper.make_node("Conv", ["mp", "wf", "bf"], ["f"], kernel_shape=[1, 1]),
+        helper.make_node("AveragePool", ["f"], ["ap"], kernel_shape=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["ap"], ["y"]),
+    ]
+    inits = [weights(rng, "ws", (squeeze, c, 1, 1)), weights(rng, "bs", (squeeze,)),
+             weights(rng, "we1", (expand, squeeze, 1, 1)), weights(rng, "be1", (expand,)),
+             weights(rng, "we3", (expand, squeeze, 3, 3)), weights(rng, "be3", (expand,)),
+             weights(rng, "wf", (10, 2 * expand, 1, 1)), weights(rng, "bf", (10,))]
+    return model(nodes, inits, ["N", c, "H", "W"], ["y"])
+
+
+def session(m, threads=1):
+    options = SessionOptions()
+    options.intra_op_num_threads = threads
+    return InferenceSession(m.SerializeToString(), options)
+
+
+def region_steps(sess):
+    return [s for s in sess._plan.steps if s.node.op_type == "OneDNNRegion"]
+
+
+def planned(sess) -> list:
+    """Each region's plans so far (None where oneDNN refused one and its members ran alone)."""
+    return [region for step in region_steps(sess) for region in step.run._planned.values()]
+
+
+def run_compiled(sess, feeds, runs=3):
+    """The outputs of the third run: the first two record the plan, the third runs it in C."""
+    for _ in range(runs - 1):
+        sess.run(None, feeds)
+    return sess.run(None, feeds)
+
+
+def assert_matches(got, want):
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        # float32 sums of up to ~150 products below 1: a few ulps each
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("build, shape", [(bottleneck, (2, 12, 9, 7)), (fire, (2, 16, 11, 9))])
+def test_model_matches_reference_as_one_region(build, shape):
+    m = build()
+    sess = session(m)
+    assert len(region_steps(sess)) == 1, [s.node.op_type for s in sess._plan.steps]
+    x = np.random.default_rng(3).uniform(-1, 1, shape).astype(np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})
+    assert_matches(sess.run(None, {"x": x}), want)  # the Python path
+    assert_matches(run_compiled(sess, {"x": x}), want)  # the step table
+    assert planned(sess) and None not in planned(sess)
+
+
+def test_value_read_outside_the_region_leaves_it_in_nchw():
+    """r1 feeds the next convolution inside the region and is a graph output too, and Sigmoid
+    (no region op) reads c2: both leave the region in NCHW."""
+    m = bottleneck()
+    m.graph.node.append(helper.make_node("Sigmoid", ["c2"], ["sig"]))
+    m.graph.output.append(helper.make_tensor_value_info("sig", TensorProto.FLOAT, None))
+    sess = session(m)
+    step = region_steps(sess)[0]
+    assert {sess._plan.names[s] for s in step.outputs} >= {"r1"}
+    x = np.random.default_rng(4).uniform(-1, 1, (1, 12, 6, 10)).astype(np.float32)
+    assert_matches(run_compiled(sess, {"x": x}), ReferenceEvaluator(m).run(None, {"x": x}))
+
+
+def test_nan_passes_through_relu_as_onnx_keeps_it():
+    m = bottleneck(extra_output=False)
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 12, 5, 6)).astype(np.float32)
+    x[0, 3, 2, 2] = np.nan
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    sess = session(m)
+    got = run_compiled(sess, {"x": x})[0]
+    assert np.isnan(want).any() and None not in planned(sess)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=1e-4, atol=2e-5)
+
+
+def test_nan_in_max_pool_window_gives_nan():
+    m = fire()
+    x = np.random.default_rng(6).uniform(-1, 1, (1, 16, 11, 9)).astype(np.float32)
+    x[0, 0, 4, 4] = np.nan
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    sess = session(m)
+    got = run_compiled(sess, {"x": x})[0]
+    assert np.isnan(want).any() and None not in planned(sess)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+@pytest.mark.parametrize("build, shape", [(bottleneck, (2, 12, 9, 7)), (fire, (1, 16, 11, 9))])
+def test_thread_count_invariance(build, shape):
+    m = build()
+    x = np.random.default_rng(7).uniform(-1, 1, shape).astype(np.float32)
+    one, two = (run_compiled(session(m, threads), {"x": x}) for threads in (1, 2))
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_re_plans_when_the_input_shape_changes():
+    m = fire()
+    sess, ref = session(m), ReferenceEvaluator(m)
+    rng = np.random.default_rng(8)
+    for shape in [(1, 16, 11, 9), (2, 16, 7, 13), (1, 16, 11, 9)]:
+        x = rng.uniform(-1, 1, shape).astype(np.float32)
+        assert_matches(run_compiled(sess, {"x": x}), ref.run(None, {"x": x}))
+    run = region_steps(sess)[0].run
+    assert sum(region is not None for region in run._planned.values()) == 2
+
+
+def test_concat_of_channels_off_the_block_falls_back_one_by_one():
+    """nChw8c cannot be concatenated by bytes when a part's channels are not a multiple of 8:
+    the region is refused and its members run one by one, still right."""
+    m = fire(expand=12)
+    x = np.random.default_rng(9).uniform(-1, 1, (2, 16, 11, 9)).astype(np.float32)
+    sess = session(m)
+    assert_matches(run_compiled(sess, {"x": x}), ReferenceEvaluator(m).run(None, {"x": x}))
+    assert planned(sess) == [None]
+
+
+def test_no_cycle_through_a_value_made_outside_from_the_region():
+    """FusedConv's residual comes from Sigmoid (outside) of an earlier member's result: the
+    FusedConv cannot join that region, which would both feed and wait for Sigmoid."""
+    rng = np.random.default_rng(10)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Sigmoid", ["r1"], ["sig"]),
+        helper.make_node("FusedConv", ["r1", "w2", "b2", "sig"], ["y"], domain="com.microsoft",
+                         kernel_shape=[1, 1], activation="Relu"),
+    ]
+    m = model(nodes, [weights(rng, "w1", (8, 8, 3, 3)), weights(rng, "w2", (8, 8, 1, 1)),
+                      weights(rng, "b2", (8,))], [1, 8, 6, 5], ["y"])
+    x = rng.uniform(-1, 1, (1, 8, 6, 5)).astype(np.float32)
+    sess = session(m)
+    assert_matches(run_compiled(sess, {"x": x}), ReferenceEvaluator(m).run(None, {"x": x}))
+
+
+def test_regions_are_off_unless_asked(monkeypatch):
+    monkeypatch.delenv(onednn_region.ENV)
+    assert not region_steps(session(bottleneck()))
+    monkeypatch.setenv(onednn_region.ENV, "0")
+    assert not region_steps(session(bottleneck()))
+    monkeypatch.setenv(onednn_region.ENV, "1")
+    assert region_steps(session(bottleneck()))
+
+
+def test_tied_filters_give_equal_channels():
+    """Equal filters (and biases) give bitwise equal channels, as the reference's Conv does."""
+    w = np.tile(np.linspace(-1, 1, 16 * 9, dtype=np.float32).reshape(1, 16, 3, 3) / 12, (24, 1, 1, 1))
+    w2 = np.full((20, 24, 1, 1), 0.05, np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], kernel_shape=[1, 1])]
+    m = model(nodes, [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2"),
+                      numpy_helper.from_array(np.full(24, 0.1, np.float32), "b")],
+              [1, 16, 13, 11], ["y", "r"])
+    x = np.random.default_rng(11).uniform(-1, 1, (1, 16, 13, 11)).astype(np.float32)
+    sess = session(m)
+    y, r = run_compiled(sess, {"x": x})
+    assert (y == y[:, :1]).all() and (r == r[:, :1]).all() and None not in planned(sess)
+
+
+@st.composite
+def chain_cases(draw):
+    return {
+        "batch": draw(st.integers(1, 3)), "cin": draw(st.integers(1, 12)),
+        "mid": draw(st.integers(1, 20)), "cout": draw(st.integers(1, 12)),
+        "h": draw(st.integers(3, 12)), "w": draw(st.integers(3, 14)),
+        "k": draw(st.integers(1, 3)), "strides": [draw(st.integers(1, 2)), draw(st.integers(1, 3))],
+        "pads": [draw(st.integers(0, 2)) for _ in range(4)],
+        "dilations": [draw(st.integers(1, 2)), 1],
+        "residual": draw(st.booleans()), "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=chain_cases())
+def test_conv_chain_matches_reference_conv(case):
+    """OneDNNRegion directly: conv (any pads, strides, dilations) -> Relu -> 1x1 conv with the
+    block's first result as residual, against the reference Conv in float64."""
+    c = case
+    rng = np.random.default_rng(c["seed"])
+    x = rng.uniform(-1, 1, (c["batch"], c["cin"], c["h"], c["w"])).astype(np.float32)
+    w1 = rng.uniform(-1, 1, (c["mid"], c["cin"], c["k"], c["k"])).astype(np.float32)
+    b1 = rng.uniform(-1, 1, c["mid"]).astype(np.float32)
+    w2 = rng.uniform(-1, 1, (c["mid"], c["mid"], 1, 1)).astype(np.float32)
+    attrs = {"strides": c["strides"], "pads": c["pads"], "dilations": c["dilations"]}
+    first = reference_conv(x.astype(np.float64), w1.astype(np.float64), b1.astype(np.float64),
+                           **attrs)
+    if first.size == 0 or min(first.shape[2:]) < 1:
+        return
+    region = kernels.OneDNNRegion(4)
+    region.entry(0, x.shape)
+    region.conv(0, -1, 1, w1, b1, **attrs)
+    region.activation(1, 2, "Relu")
+    region.conv(2, 1 if c["residual"] else -1, 3, w2)
+    region.exit(3)
+    region.exit(1)
+    region.finish()
+    y, y1 = region(x)
+    want = reference_conv(np.maximum(first, 0), w2.astype(np.float64))
+    if c["residual"]:
+        want = want + first
+    depth = c["cin"] * c["k"] ** 2 + c["mid"]
+    np.testing.assert_allclose(y1, first, rtol=1e-4, atol=1e-6 * depth)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=4e-6 * depth)
+
+
+def test_bad_descriptions_are_named():
+    region = kernels.OneDNNRegion(3)
+    with pytest.raises(ValueError, match="4-D"):
+        region.entry(0, (2, 3))
+    region.entry(0, (1, 8, 5, 5))
+    with pytest.raises(RuntimeError, match="not defined yet"):
+        region.activation(1, 2, "Relu")
+    with pytest.raises(ValueError, match="equal shapes"):
+        region.conv(0, -1, 1, np.ones((4, 8, 3, 3), np.float32))
+        region.add(0, 1, 2)
