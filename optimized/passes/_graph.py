@@ -3,6 +3,7 @@ values and splicing nodes, all on the main graph of a ModelProto."""
 from __future__ import annotations
 
 import math
+import operator
 import sys
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -93,6 +94,8 @@ def add_fused_functions(model: onnx.ModelProto, op_types, build) -> None:
 
 
 def set_nodes(graph: onnx.GraphProto, nodes: list) -> None:
+    if len(nodes) == len(graph.node) and all(map(operator.is_, nodes, graph.node)):
+        return  # the graph's own nodes, in order (extend would copy each one back in)
     del graph.node[:]
     graph.node.extend(nodes)
 

@@ -320,3 +320,17 @@ def test_shapes_are_inferred_when_first_asked_as_the_graph_was_when_made(monkeyp
     passes_of(monkeypatch, edit_then_ask)
     optimize(two_relus(), 1)
     assert seen == [([2, 3], None)]  # hh did not exist when the pass asked for the shapes
+
+
+def test_set_nodes_keeps_the_graphs_own_nodes_and_takes_any_other_list():
+    from optimized.passes._graph import set_nodes
+
+    graph = two_relus().graph
+    nodes = list(graph.node)
+    nodes[0].input[0] = "x2"  # edited in place: the graph's own node
+    set_nodes(graph, nodes)
+    assert graph.node[0] is nodes[0] and graph.node[0].input[0] == "x2"
+    set_nodes(graph, nodes[::-1])
+    assert [n.output[0] for n in graph.node] == ["y", "h"]
+    set_nodes(graph, [helper.make_node("Relu", ["x"], ["y"])])
+    assert [(list(n.input), list(n.output)) for n in graph.node] == [(["x"], ["y"])]
