@@ -205,3 +205,20 @@ def test_step_table_runs_packed_steps_and_plans_again_for_a_new_m(threads):
     for program in plan._programs.values():
         kinds = [int(s.kind) for s in program.table.steps[0:program.table.count]]
         assert kinds.count(int(kernels.lib.PLAN_GEMM_PACKED)) == 2, kinds
+
+
+def test_views_are_read_as_their_values():
+    """A sliced A and a broadcast C beside a constant B: the packed kernel reads their values."""
+    big_a = np.full((14, 50), np.nan, np.float32)
+    big_a[::2, 1:] = rand(0, 7, 49)
+    a = big_a[::2, 1:]
+    b = constant(rand(1, 49, 23))
+    c = np.broadcast_to(rand(2, 1, 23), (7, 23))
+    y = cpu.KERNELS[("", "Gemm")](a, b, c)
+    copies = [np.ascontiguousarray(x) for x in (a, b, c)]
+    np.testing.assert_array_equal(y, kernels.gemm_packed(copies[0], cpu.packed_weights(b, False),
+                                                         copies[2]))
+    judge("Gemm", copies, y)
+    batched = big_a[::2, 1:].reshape(1, 7, 49)
+    np.testing.assert_array_equal(cpu.KERNELS[("", "MatMul")](batched, b)[0],
+                                  kernels.gemm_packed(copies[0], cpu.packed_weights(b, False)))
