@@ -8,11 +8,17 @@ or auto_pad; GlobalAveragePool.  A convolution starts a region or joins its inpu
 ops join the region of all their data inputs.  A group is planned per input shapes and thread
 count on its first run; where oneDNN refuses it, its members run one by one as before.
 
-Off by default: ONNX_PARITY_ONEDNN_REGIONS=1 turns regions on.  Measured on light_squeezenet
-at 1 thread (one process, sessions with and without regions alternated, medians of 9 rounds,
-load average 10): 52.3 ms with regions against 39.1 ms without.  oneDNN runs every
-convolution of a region in nChw8c, where its jit:avx2 and jit_1x1:avx2 kernels are slower
-here than the per-node path (brgconv:avx2 with reorders for 3x3, our kernel for 1x1)."""
+Off by default: ONNX_PARITY_ONEDNN_REGIONS=1 turns regions on.  Measured at 1 thread on the
+2-core AVX2 EPYC under a load average of 10-13 (other work), optimized with regions / without:
+- benchmarks/test_optimized_vs_ort.py -k 'light_squeezenet-t1 or light_resnet50-t1', two
+  rounds each way (medians, ratio to onnxruntime in the same run): light_squeezenet 56.5 /
+  43.4 ms (1.61 / 1.28) and 57.3 / 43.4 ms (1.67 / 1.32); light_resnet50 410 / 524 ms
+  (1.10 / 1.23) and 491 / 468 ms (1.19 / 1.20).
+- one process, sessions with and without regions alternated, medians: light_squeezenet
+  52.3 / 39.1 ms, light_resnet50 496 / 527 and 430 / 447 ms, light_densenet121 363 / 353 ms.
+In nChw8c oneDNN runs jit:avx2 and jit_1x1:avx2, not the brgconv:avx2 it picks with its own
+layouts, and its 1x1 on few channels is slower than our kernel (1x1 16->64 at 55x55: about
+200 us against 100-145): that loses squeezenet more than the reorders saved win back."""
 from __future__ import annotations
 
 import heapq
