@@ -1007,6 +1007,33 @@ def _logical_steps(op):
 
     return describe
 
+@_declining
+def _matmul_nbits_steps(ins, outs, *, K=0, N=0, bits=4, block_size=0, accuracy_level=0,
+                        weight_prepacked=0):
+    """Where matmul_nbits takes the kernel, with no g_idx and no bias: float32 a and scales,
+    uint8 b, packed uint8 or float32 zero points (or none), each of its layout's size."""
+    a, b, scales = ins[:3]
+    zp = ins[3] if len(ins) > 3 else None
+    if any(x is not None for x in ins[4:]) or weight_prepacked or not outs or outs[0] is None:
+        return None
+    y = outs[0]
+    if not _float32([a, scales], [y]) or b.dtype != np.uint8 or block_size <= 0:
+        return None
+    blocks = (K + block_size - 1) // block_size
+    if int(np.prod(b.shape)) != N * blocks * (block_size * bits // 8) or (
+            int(np.prod(scales.shape)) != N * blocks):
+        return None
+    if zp is not None:
+        want = N * blocks if zp.dtype == np.float32 else N * ((blocks * bits + 7) // 8)
+        if zp.dtype not in (np.float32, np.uint8) or int(np.prod(zp.shape)) != want:
+            return None
+    if y.shape != a.shape[:-1] + (N,):
+        return None
+    return [kernels.matmul_nbits_step(a.slot, a.shape, b.slot, scales.slot, _slot(zp), y.slot,
+                                      k=K, n=N, bits=bits, block_size=block_size,
+                                      float_zero_points=zp is not None and zp.dtype == np.float32)]
+
+
 C_STEPS = {
     ("", "Add"): _binary_steps("Add"),
     ("", "Sub"): _binary_steps("Sub"),
@@ -1059,4 +1086,5 @@ C_STEPS = {
     ("", "And"): _logical_steps("And"),
     ("", "Or"): _logical_steps("Or"),
     ("", "Xor"): _logical_steps("Xor"),
+    (MS, "MatMulNBits"): _matmul_nbits_steps,
 }

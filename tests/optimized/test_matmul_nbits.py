@@ -352,3 +352,72 @@ def test_prefill_hand_checked():
     got = kernels.matmul_nbits(a, b, scales, zp, k=k, n=n, bits=4, block_size=block)
     want = np.repeat((0.5 * a.sum(axis=1, dtype=np.float64))[:, None], n, axis=1)
     np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def nbits_model(m_shape, k, n, bits, block_size, zero_points, seed, bias=False):
+    """One MatMulNBits node over constant weights (initializers), a fed."""
+    rng = np.random.default_rng(seed)
+    b, scales, zp = quantized(rng, n, k, bits, block_size, zero_points)
+    inits = {"b": b, "scales": scales}
+    names = ["a", "b", "scales"]
+    if zp is not None:
+        inits["zp"] = zp
+        names.append("zp")
+    if bias:
+        inits["bias"] = rng.standard_normal(n, dtype=np.float32)
+        names += [""] * (5 - len(names)) + ["bias"]
+    node = helper.make_node("MatMulNBits", names, ["y"], domain="com.microsoft", K=k, N=n,
+                            bits=bits, block_size=block_size)
+    graph = helper.make_graph(
+        [node], "nbits", [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(m_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(v, name) for name, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+def compiled_and_python(model, feeds):
+    """The step-table plan's outputs on its third run (recorded, compiled, run in C), its
+    program, and the Python plan's outputs."""
+    from optimized.plan import Plan
+
+    in_c, in_python = Plan(model, cpu.KERNELS, c_steps=cpu.C_STEPS), Plan(model, cpu.KERNELS)
+    for _ in range(3):
+        got = in_c.run(dict(feeds))
+    key = tuple((name, v.shape, v.dtype) for name, v in feeds.items())
+    return got, in_c._programs.get(key), in_python.run(dict(feeds))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m_shape", [(1, 1, 80), (2, 13, 80)], ids=["decode", "prefill"])
+@pytest.mark.parametrize("bits,block_size,zero_points", [
+    (4, 32, "packed"), (4, 16, None), (8, 64, "float"), (2, 32, "packed")])
+def test_plan_runs_matmul_nbits_in_the_step_table(m_shape, bits, block_size, zero_points,
+                                                  threads):
+    """A decode step's and a prompt's MatMulNBits run as one PLAN_MATMUL_NBITS entry, bit for
+    bit the Python kernel's, within the reference op's bound (K = 80 is not a whole number of
+    blocks; N = 37)."""
+    model = nbits_model(m_shape, 80, 37, bits, block_size, zero_points, seed=bits * block_size)
+    a = np.random.default_rng(1).standard_normal(m_shape, dtype=np.float32)
+    kernels.set_num_threads(threads)
+    try:
+        got, compiled, want = compiled_and_python(model, {"a": a})
+    finally:
+        kernels.set_num_threads(kernels.available_cpus())
+    assert [compiled.table.steps[i].kind for i in range(compiled.table.count)] == [
+        kernels.lib.PLAN_MATMUL_NBITS]
+    assert got[0].shape == m_shape[:-1] + (37,) and got[0].tobytes() == want[0].tobytes()
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert_agrees(got[0].reshape(-1, 37), a.reshape(-1, 80), inits["b"], inits["scales"],
+                  inits.get("zp"), None, k=80, n=37, bits=bits, block_size=block_size)
+
+
+def test_plan_leaves_matmul_nbits_with_a_bias_to_python():
+    """The step has no bias operand: a node with one runs through the Python kernel."""
+    from optimized.plan import PY
+
+    model = nbits_model((1, 2, 64), 64, 20, 4, 32, "packed", seed=3, bias=True)
+    a = np.random.default_rng(2).standard_normal((1, 2, 64), dtype=np.float32)
+    got, compiled, want = compiled_and_python(model, {"a": a})
+    assert [op[0] for op in compiled.ops] == [PY]
+    assert got[0].tobytes() == want[0].tobytes()
