@@ -160,11 +160,6 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
  * fails where matmul_nbits_f32 does. */
 enum { PLAN_MATMUL_NBITS = 40 };
 
-/* The plan step of matmul_nbits_f32 (csrc/plan.c), no bias, allow_simd 1: in a, b, scales,
- * zero points (flags bit 0: float ones, else packed); n[0..3] m, n, k, bits, g[0] block_size;
- * fails where matmul_nbits_f32 does. */
-enum { PLAN_MATMUL_NBITS = 40 };
-
 /* A DequantizeLinear weight's 4- or 8-bit codes as MatMulNBits's b (the layout above, bits 4
  * or 8): src holds k x n codes (n x k when transposed), 8-bit one a byte, 4-bit two a byte,
  * the first in the low nibble.  Codes past k in a row's last block are 0.  flip_sign XORs each

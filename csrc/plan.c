@@ -227,11 +227,6 @@ static int run_step(const plan_step *s, void *const *slots)
                                 (s->flags & 1) ? IN(3) : NULL, NULL, OUT(0), (int)s->n[0],
                                 (int)s->n[1], (int)s->n[2], (int)s->n[3], (int)s->g[0], 1) == 0
                    ? 0 : -1;
-    case PLAN_MATMUL_NBITS:
-        return matmul_nbits_f32(IN(0), IN(1), IN(2), (s->flags & 1) ? NULL : IN(3),
-                                (s->flags & 1) ? IN(3) : NULL, NULL, OUT(0), (int)s->n[0],
-                                (int)s->n[1], (int)s->n[2], (int)s->n[3], (int)s->g[0], 1) == 0
-                   ? 0 : -1;
     default:
         return -1;
     }

@@ -1678,26 +1678,6 @@ def matmul_nbits_step(a: int, a_shape, b: int, scales: int, zero_points: int, y:
                  g=[block_size] + [0] * 11)
 
 
-def matmul_nbits_step(a: int, a_shape, b: int, scales: int, zero_points: int, y: int, *, k: int,
-                      n: int, bits: int, block_size: int, float_zero_points: bool = False) -> dict:
-    """As matmul_nbits() with no bias, simd on: a (..., k) float32; b, scales and zero_points
-    (-1 for none; float32 where float_zero_points, else packed uint8) of the sizes that
-    matmul_nbits checks, which the caller has checked."""
-    if bits not in (2, 4, 8) or block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"MatMulNBits bits {bits}, block_size {block_size}: not a kernel's")
-    if not a_shape or a_shape[-1] != k:
-        raise ValueError(f"A's last axis must be K={k}, got shape {list(a_shape)}")
-    m = math.prod(a_shape[:-1])
-    _nonempty((m, n))
-    blocks = (k + block_size - 1) // block_size
-    for name, v in (("M", m), ("N", n), ("K", k), ("K in whole blocks", blocks * block_size),
-                    ("A size", m * k), ("B size", n * blocks * block_size * bits // 8)):
-        _c_int(name, v)
-    return _step(lib.PLAN_MATMUL_NBITS, [a, b, scales, zero_points], [y],
-                 flags=int(bool(float_zero_points)), n=[m, n, k, bits],
-                 g=[block_size] + [0] * 11)
-
-
 def cast_step(x: int, x_dtype, y: int, y_dtype, count: int) -> dict:
     """count elements of x converted to y_dtype by C's conversions: between bool, int32,
     int64, float32 and float64, never float to int (whose out-of-range rules C leaves open)."""
