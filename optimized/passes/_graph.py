@@ -33,6 +33,7 @@ class WorkingModel:
         self.serialized = self.model.SerializeToString()
         self.version = 0
         self.types: dict = {}  # (version, data_prop) -> inferred types
+        self.views: dict = {}  # kind -> (version, the nodes it was built on, view)
 
     def update(self, model: onnx.ModelProto) -> bool:
         """Take a pass's result as the working model; True when it differs from the last one."""
@@ -134,6 +135,12 @@ def node_inputs(node) -> list[str]:
 
 
 def consumers(graph) -> dict[str, list]:
+    """Value name -> the nodes that read it (read-only: passes that see the same nodes share
+    it)."""
+    return _shared_view(graph, "consumers", _consumers)
+
+
+def _consumers(graph) -> dict[str, list]:
     uses: dict[str, list] = {}
     for node in graph.node:
         for name in dict.fromkeys(node_inputs(node)):
@@ -142,7 +149,29 @@ def consumers(graph) -> dict[str, list]:
 
 
 def producers(graph) -> dict:
+    """Value name -> the node that makes it (read-only, shared as consumers is)."""
+    return _shared_view(graph, "producers", _producers)
+
+
+def _producers(graph) -> dict:
     return {name: node for node in graph.node for name in node.output if name}
+
+
+def _shared_view(graph, kind: str, build):
+    """build(graph), shared between the passes that ask it of the working model's main graph
+    while neither the version nor the graph's node objects have changed (a pass asks before it
+    edits; an edit that changes nothing the bytes show keeps the version, so the nodes are
+    checked one by one, which costs far less than building the view)."""
+    working = _WORKING.get()
+    if working is None or working.model.graph is not graph:
+        return build(graph)
+    cached = working.views.get(kind)
+    if cached is not None and cached[0] == working.version and len(cached[1]) == len(
+            graph.node) and all(map(operator.is_, cached[1], graph.node)):
+        return cached[2]
+    view = build(graph)
+    working.views[kind] = (working.version, list(graph.node), view)
+    return view
 
 
 def rename_uses(nodes, old: str, new: str) -> None:

@@ -334,3 +334,34 @@ def test_set_nodes_keeps_the_graphs_own_nodes_and_takes_any_other_list():
     assert [n.output[0] for n in graph.node] == ["y", "h"]
     set_nodes(graph, [helper.make_node("Relu", ["x"], ["y"])])
     assert [(list(n.input), list(n.output)) for n in graph.node] == [(["x"], ["y"])]
+
+
+def test_passes_share_consumers_while_the_graphs_nodes_stay_the_same(monkeypatch):
+    from optimized.passes import _graph
+
+    seen = []
+
+    def look(model):
+        uses = _graph.consumers(model.graph)
+        seen.append((uses, [id(n) for n in model.graph.node], _graph.producers(model.graph)))
+        assert all(n in model.graph.node for readers in uses.values() for n in readers)
+        return model
+
+    def recopy(model):  # the same bytes from new node objects
+        model = _graph.copy_model(model)
+        copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in model.graph.node]
+        del model.graph.node[:]
+        model.graph.node.extend(copies)
+        return model
+
+    def rename(model):
+        model = _graph.copy_model(model)
+        model.graph.node[1].input[0] = "x"
+        return model
+
+    passes_of(monkeypatch, look, look, recopy, look, rename, look)
+    optimize(two_relus(), 1)
+    (first, _, made_by), (second, _, _), (third, _, _), (fourth, _, _) = seen
+    assert second is first and third is not first and fourth is not third
+    assert [n.output[0] for n in fourth["x"]] == ["h", "y"] and "h" not in fourth
+    assert made_by["y"] in first["h"]
