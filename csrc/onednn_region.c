@@ -20,6 +20,7 @@
 #include <omp.h>
 
 #include "kernels.h"
+#include "internal.h"
 #include "onednn_internal.h"
 
 static char last_error[512];
@@ -584,8 +585,9 @@ static int64_t in_place(const onednn_region *r, const region_op *op, int64_t i)
     switch (op->kind) {
     case OP_ACT:
         return v[op->in[0]].last_use == i ? v[op->in[0]].buffer : -1;
-    case OP_CONV:
-        return op->n_in == 2 && v[op->in[1]].last_use == i ? v[op->in[1]].buffer : -1;
+    case OP_CONV: /* not over a residual that is its source too: the convolution reads it */
+        return op->n_in == 2 && op->in[1] != op->in[0] && v[op->in[1]].last_use == i
+                   ? v[op->in[1]].buffer : -1;
     case OP_ADD:
         if (v[op->in[0]].last_use == i) return v[op->in[0]].buffer;
         return v[op->in[1]].last_use == i ? v[op->in[1]].buffer : -1;
@@ -676,12 +678,41 @@ static void *buffer_of(const onednn_region *r, int64_t v)
 
 /* Max (NaN kept) or average over windows of an nChw8c value; a window's cells outside the
  * input are skipped (average: counted or not by kind).  The 8 lanes of a cell are one vector. */
+#if defined(__x86_64__)
+/* One output cell of pool_blocked with the 8 lanes in one vector. */
+AVX2 static void pool_cell_avx2(const float *plane, int64_t in_w, int64_t hs, int64_t he,
+                                int64_t ws, int64_t we, int is_max, float count, float *out)
+{
+    __m256 acc = _mm256_set1_ps(is_max ? -INFINITY : 0.0f), nan = _mm256_setzero_ps();
+    for (int64_t h = hs; h < he; ++h) {
+        const float *cell = plane + (h * in_w + ws) * 8;
+        for (int64_t w = ws; w < we; ++w, cell += 8) {
+            __m256 v = _mm256_loadu_ps(cell);
+            if (is_max) {
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                acc = _mm256_max_ps(v, acc);
+            } else {
+                acc = _mm256_add_ps(acc, v);
+            }
+        }
+    }
+    if (is_max)
+        acc = _mm256_blendv_ps(acc, _mm256_set1_ps(NAN), nan);
+    else
+        acc = _mm256_div_ps(acc, _mm256_set1_ps(count));
+    _mm256_storeu_ps(out, acc);
+}
+#endif
+
 static void pool_blocked(const region_op *op, const float *x, const int64_t *in_dims, float *y)
 {
     const int64_t *g = op->geometry;
     int64_t blocks = in_dims[0] * ((in_dims[1] + 7) / 8), in_h = in_dims[2], in_w = in_dims[3];
     int64_t out_h = g[6], out_w = g[7];
     int is_max = op->pool == REGION_MAX;
+#if defined(__x86_64__)
+    int avx2 = have_avx2();
+#endif
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < blocks * out_h; ++p) {
         int64_t blk = p / out_h, oh = p % out_h;
@@ -692,6 +723,14 @@ static void pool_blocked(const region_op *op, const float *x, const int64_t *in_
         for (int64_t ow = 0; ow < out_w; ++ow) {
             int64_t w0 = ow * g[3] - g[5], w1 = w0 + g[1];
             int64_t ws = w0 < 0 ? 0 : w0, we = w1 > in_w ? in_w : w1;
+            float count = op->pool == REGION_AVG_INCLUDE_PAD ? (float)(g[0] * g[1])
+                                                             : (float)((he - hs) * (we - ws));
+#if defined(__x86_64__)
+            if (avx2) {
+                pool_cell_avx2(plane, in_w, hs, he, ws, we, is_max, count, row + ow * 8);
+                continue;
+            }
+#endif
             float acc[8];
             int32_t nan[8] = {0};
             for (int c = 0; c < 8; ++c)
@@ -715,8 +754,6 @@ static void pool_blocked(const region_op *op, const float *x, const int64_t *in_
                 for (int c = 0; c < 8; ++c)
                     out[c] = nan[c] ? NAN : acc[c];
             } else {
-                float count = op->pool == REGION_AVG_INCLUDE_PAD ? (float)(g[0] * g[1])
-                                                                 : (float)((he - hs) * (we - ws));
                 for (int c = 0; c < 8; ++c)
                     out[c] = acc[c] / count;
             }
@@ -726,6 +763,26 @@ static void pool_blocked(const region_op *op, const float *x, const int64_t *in_
 
 /* Each channel c of y set to channel ties[c] (equal filters give equal channels, as the
  * reference's Conv makes them), y nChw8c (blocked) or nchw. */
+#if defined(__x86_64__)
+/* The tied lanes (mask) of a block's cells gathered from their sources, offsets from[] from
+ * the image's start, pixel by pixel; the other lanes are neither read nor written. */
+AVX2 static void gather_tied_avx2(float *image, float *cells, const int64_t *from, int64_t plane)
+{
+    int32_t offsets[8], lanes[8];
+    for (int lane = 0; lane < 8; ++lane) {
+        offsets[lane] = from[lane] < 0 ? 0 : (int32_t)from[lane];
+        lanes[lane] = from[lane] < 0 ? 0 : -1;
+    }
+    __m256i index = _mm256_loadu_si256((const __m256i *)offsets);
+    __m256i mask = _mm256_loadu_si256((const __m256i *)lanes);
+    for (int64_t i = 0; i < plane; ++i) {
+        __m256 v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), image + i * 8, index,
+                                            _mm256_castsi256_ps(mask), 4);
+        _mm256_maskstore_ps(cells + i * 8, mask, v);
+    }
+}
+#endif
+
 static void copy_tied_channels(float *y, const int64_t *dims, const int64_t *ties, int blocked)
 {
     int64_t batch = dims[0], channels = dims[1], plane = dims[2] * dims[3];
@@ -738,6 +795,9 @@ static void copy_tied_channels(float *y, const int64_t *dims, const int64_t *tie
         return;
     }
     int64_t blocks = (channels + 7) / 8;
+#if defined(__x86_64__)
+    int avx2 = have_avx2();
+#endif
     /* a source channel is never a copy itself (ties[ties[c]] == ties[c]), so order is free */
 #pragma omp parallel for schedule(static)
     for (int64_t nb = 0; nb < batch * blocks; ++nb) {
@@ -751,6 +811,14 @@ static void copy_tied_channels(float *y, const int64_t *dims, const int64_t *tie
         if (!tied)
             continue;
         float *image = y + n * blocks * 8 * plane, *cells = image + b * plane * 8;
+#if defined(__x86_64__)
+        if (avx2 && blocks * 8 * plane < INT32_MAX) {
+            for (int lane = lanes; lane < 8; ++lane)
+                from[lane] = -1;
+            gather_tied_avx2(image, cells, from, plane);
+            continue;
+        }
+#endif
         for (int lane = 0; lane < lanes; ++lane) {
             if (from[lane] < 0)
                 continue; /* sources are only read: other threads read them */

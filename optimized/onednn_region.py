@@ -60,6 +60,9 @@ def _conv_ok(plan, step, attrs) -> bool:
         b = plan.template[step.inputs[2]]
         if not _constant_f32(b) or b.shape != w.shape[:1]:
             return False
+    # a constant residual has no value in the region, which would run the sum without it
+    if len(step.inputs) > 3 and step.inputs[3] >= 0 and plan.template[step.inputs[3]] is not None:
+        return False
     activation = attrs.get("activation")
     if isinstance(activation, bytes):
         activation = activation.decode()

@@ -284,3 +284,46 @@ def test_bad_descriptions_are_named():
     with pytest.raises(ValueError, match="equal shapes"):
         region.conv(0, -1, 1, np.ones((4, 8, 3, 3), np.float32))
         region.add(0, 1, 2)
+
+
+def test_residual_that_is_the_convolutions_own_source():
+    """y = Conv(x) + x with x dying at the convolution: its buffer cannot take the output in
+    place, since the convolution still reads it (OneDNNRegion directly, then a model)."""
+    rng = np.random.default_rng(12)
+    x = rng.uniform(-1, 1, (1, 8, 6, 5)).astype(np.float32)
+    w = rng.uniform(-1, 1, (8, 8, 3, 3)).astype(np.float32)
+    region = kernels.OneDNNRegion(2)
+    region.entry(0, x.shape)
+    region.conv(0, 0, 1, w, pads=[1, 1, 1, 1])
+    region.exit(1)
+    region.finish()
+    want = reference_conv(x.astype(np.float64), w.astype(np.float64), pads=[1, 1, 1, 1]) + x
+    np.testing.assert_allclose(region(x)[0], want, rtol=1e-4, atol=1e-4)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("FusedConv", ["r1", "w2", "b2", "r1"], ["y"], domain="com.microsoft",
+                         kernel_shape=[3, 3], pads=[1, 1, 1, 1], activation="Relu"),
+    ]
+    m = model(nodes, [weights(rng, "w1", (8, 8, 3, 3)), weights(rng, "w2", (8, 8, 3, 3)),
+                      weights(rng, "b2", (8,))], [1, 8, 6, 5], ["y"])
+    sess = session(m)
+    assert len(region_steps(sess)) == 1
+    assert_matches(run_compiled(sess, {"x": x}), ReferenceEvaluator(m).run(None, {"x": x}))
+
+
+def test_constant_residual_is_not_dropped():
+    """A FusedConv whose residual Z is an initializer: the region has no value for it, so the
+    convolution stays out of the region instead of running without its residual."""
+    rng = np.random.default_rng(13)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("FusedConv", ["r1", "w2", "b2", "z"], ["y"], domain="com.microsoft",
+                         kernel_shape=[1, 1], activation="Relu"),
+    ]
+    m = model(nodes, [weights(rng, "w1", (8, 8, 3, 3)), weights(rng, "w2", (8, 8, 1, 1)),
+                      weights(rng, "b2", (8,)), weights(rng, "z", (1, 8, 6, 5))],
+              [1, 8, 6, 5], ["y"])
+    x = rng.uniform(-1, 1, (1, 8, 6, 5)).astype(np.float32)
+    assert_matches(run_compiled(session(m), {"x": x}), ReferenceEvaluator(m).run(None, {"x": x}))
