@@ -9,16 +9,18 @@ ops join the region of all their data inputs.  A group is planned per input shap
 count on its first run; where oneDNN refuses it, its members run one by one as before.
 
 Off by default: ONNX_PARITY_ONEDNN_REGIONS=1 turns regions on.  Measured at 1 thread on the
-2-core AVX2 EPYC under a load average of 10-13 (other work), optimized with regions / without:
-- benchmarks/test_optimized_vs_ort.py -k 'light_squeezenet-t1 or light_resnet50-t1', two
-  rounds each way (medians, ratio to onnxruntime in the same run): light_squeezenet 56.5 /
-  43.4 ms (1.61 / 1.28) and 57.3 / 43.4 ms (1.67 / 1.32); light_resnet50 410 / 524 ms
-  (1.10 / 1.23) and 491 / 468 ms (1.19 / 1.20).
+2-core AVX2 EPYC under a load average of 11-16 (other work), optimized with regions / without,
+after the pools and tied-channel copies were vectorised:
+- benchmarks/test_optimized_vs_ort.py -k 'light_squeezenet-t1 or light_resnet50-t1' (medians,
+  ratio to onnxruntime in the same run): light_squeezenet 51.5 / 46.9 ms (1.31 / 1.27),
+  light_resnet50 518 / 473 ms (1.12 / 1.11).
 - one process, sessions with and without regions alternated, medians: light_squeezenet
-  52.3 / 39.1 ms, light_resnet50 496 / 527 and 430 / 447 ms, light_densenet121 363 / 353 ms.
-In nChw8c oneDNN runs jit:avx2 and jit_1x1:avx2, not the brgconv:avx2 it picks with its own
-layouts, and its 1x1 on few channels is slower than our kernel (1x1 16->64 at 55x55: about
-200 us against 100-145): that loses squeezenet more than the reorders saved win back."""
+  34.2 / 34.3 and 40.7 / 39.0 ms, light_resnet50 431 / 438 ms, light_densenet121 390 / 363 ms,
+  light_inception_v2 228 / 205 ms.
+Level at best, so not the default.  In nChw8c oneDNN runs jit:avx2 and jit_1x1:avx2, not the
+brgconv:avx2 it picks with its own layouts, and its 1x1 on few channels is slower than our
+kernel (1x1 16->64 at 55x55: about 200 us against 100-145): that takes back what the saved
+reorders give.  Before the vectorised pools and copies: squeezenet 52.3 / 39.1 ms."""
 from __future__ import annotations
 
 import heapq
