@@ -375,39 +375,64 @@ struct dw_steps {
 
 /* Output columns [ox0, ox0 + 8) of every row of one plane (those past out_w are computed
  * and dropped), `rows` rows at a time (those past out_h too).  full: every tap of the block
- * reads inside the input row. */
+ * reads inside the input row.  by_input_row (where the steps are constants): the taps of each
+ * input row the group reads are loaded once and serve every output row that reads them. */
 AVX2 static inline __attribute__((always_inline)) void depthwise_columns(
     const struct conv_geometry *g, const float *xc, const __m256 *wv, __m256 bias,
     const float *res, float *yc, int64_t ox0, int kh, int kw, struct dw_steps st, int full,
-    int rows)
+    int rows, int by_input_row)
 {
+    const int64_t in_h = g->in_h, in_w = g->in_w, pad_top = g->pad_top, out_h = g->out_h;
+    const int64_t out_w = g->out_w;
     __m256i mask[2 * DW_MAX_K];
     int64_t c0[DW_MAX_K];
     for (int kx = 0; kx < kw; ++kx) {
         c0[kx] = ox0 * st.sw + kx * st.dw - g->pad_left;
         for (int h = 0; h < st.sw; ++h)
             mask[st.sw * kx + h] = full ? _mm256_setzero_si256()
-                                        : columns_inside(c0[kx] + 8 * h, g->in_w);
+                                        : columns_inside(c0[kx] + 8 * h, in_w);
     }
     /* zero_row + c0[kx] + lane stays inside dw_zeros */
     const float *zero_row = dw_zeros - c0[0];
-    int64_t plane = g->out_h * g->out_w, n = g->out_w - ox0 < 8 ? g->out_w - ox0 : 8;
+    int64_t plane = out_h * out_w, n = out_w - ox0 < 8 ? out_w - ox0 : 8;
     __m256i first_n = columns_inside(0, n);
-    for (int64_t oy = 0; oy < g->out_h; oy += rows) {
+    for (int64_t oy = 0; oy < out_h; oy += rows) {
         __m256 acc[DW_MAX_ROWS];
         for (int r = 0; r < rows; ++r)
             acc[r] = bias;
-        for (int ky = 0; ky < kh; ++ky)
-            for (int r = 0; r < rows; ++r) {
-                int64_t iy = (oy + r) * st.sh - g->pad_top + ky * st.dh;
-                const float *row = (uint64_t)iy < (uint64_t)g->in_h ? xc + iy * g->in_w : zero_row;
+        int64_t iy0 = oy * st.sh - pad_top;
+        if (by_input_row) {
+            int64_t span = (rows - 1) * st.sh + (kh - 1) * st.dh + 1;
+#pragma GCC unroll 32
+            for (int64_t j = 0; j < span; ++j) {
+                int64_t iy = iy0 + j;
+                const float *row = (uint64_t)iy < (uint64_t)in_h ? xc + iy * in_w : zero_row;
                 __m256 t[DW_MAX_K];
                 row_taps(t, row, c0, mask, full, kw, (int)st.sw, st.dw);
-                for (int kx = 0; kx < kw; ++kx)
-                    acc[r] = _mm256_fmadd_ps(wv[ky * kw + kx], t[kx], acc[r]);
+#pragma GCC unroll 8
+                for (int r = 0; r < rows; ++r) {
+                    int64_t d = j - r * st.sh; /* ky * dh */
+                    if (d < 0 || d % st.dh != 0 || d / st.dh >= kh)
+                        continue;
+                    int64_t ky = d / st.dh;
+#pragma GCC unroll 8
+                    for (int kx = 0; kx < kw; ++kx)
+                        acc[r] = _mm256_fmadd_ps(wv[ky * kw + kx], t[kx], acc[r]);
+                }
             }
-        for (int r = 0; r < rows && oy + r < g->out_h; ++r) {
-            int64_t at = (oy + r) * g->out_w + ox0;
+        } else {
+            for (int ky = 0; ky < kh; ++ky)
+                for (int r = 0; r < rows; ++r) {
+                    int64_t iy = iy0 + r * st.sh + ky * st.dh;
+                    const float *row = (uint64_t)iy < (uint64_t)in_h ? xc + iy * in_w : zero_row;
+                    __m256 t[DW_MAX_K];
+                    row_taps(t, row, c0, mask, full, kw, (int)st.sw, st.dw);
+                    for (int kx = 0; kx < kw; ++kx)
+                        acc[r] = _mm256_fmadd_ps(wv[ky * kw + kx], t[kx], acc[r]);
+                }
+        }
+        for (int r = 0; r < rows && oy + r < out_h; ++r) {
+            int64_t at = (oy + r) * out_w + ox0;
             if (st.sw == 2)
                 acc[r] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(acc[r]),
                                                                 _MM_SHUFFLE(3, 1, 2, 0)));
@@ -429,7 +454,8 @@ AVX2 static inline __attribute__((always_inline)) void depthwise_columns(
 /* One output plane: column blocks from the last to the first (see depthwise_columns). */
 AVX2 static inline __attribute__((always_inline)) void depthwise_plane_avx2(
     const struct conv_geometry *g, const float *xc, const float *wc, float bias,
-    const float *res, float *yc, int kh, int kw, struct dw_steps st)
+    const float *res, float *yc, int kh, int kw, struct dw_steps st, int by_input_row,
+    int sevens)
 {
     __m256 wv[DW_MAX_K * DW_MAX_K];
     for (int t = 0; t < kh * kw; ++t)
@@ -439,34 +465,34 @@ AVX2 static inline __attribute__((always_inline)) void depthwise_plane_avx2(
     for (int64_t ox0 = (g->out_w - 1) / 8 * 8; ox0 >= 0; ox0 -= 8) {
         int64_t c = ox0 * st.sw - g->pad_left;
         int full = c >= 0 && c + span <= g->in_w;
-        /* 7 independent sums on small planes whose rows come in sevens (those of a 224 x 224
-         * model); on larger ones 4 measure faster */
-        if (g->out_h % 7 == 0 && g->out_h <= 14)
-            full ? depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 1, 7)
-                 : depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 0, 7);
+        if (sevens)
+            full ? depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 1, 7, by_input_row)
+                 : depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 0, 7, by_input_row);
         else
-            full ? depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 1, 4)
-                 : depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 0, 4);
+            full ? depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 1, 4, by_input_row)
+                 : depthwise_columns(g, xc, wv, b, res, yc, ox0, kh, kw, st, 0, 4, by_input_row);
     }
 }
 
+/* sevens: 7 output rows at once, else 4 (see conv_depthwise_avx2) */
 typedef void (*depthwise_plane_fn)(const struct conv_geometry *, const float *, const float *,
-                                   float, const float *, float *);
+                                   float, const float *, float *, int sevens);
 
-#define DW_PLANE(name, kh, kw, sh, sw, dh, dw)                                                 \
+#define DW_PLANE(name, kh, kw, sh, sw, dh, dw, by_input_row)                                   \
     AVX2 static void name(const struct conv_geometry *g, const float *xc, const float *wc,     \
-                          float bias, const float *res, float *yc)                             \
+                          float bias, const float *res, float *yc, int sevens)                 \
     {                                                                                          \
-        depthwise_plane_avx2(g, xc, wc, bias, res, yc, kh, kw, (struct dw_steps){sh, sw, dh, dw}); \
+        depthwise_plane_avx2(g, xc, wc, bias, res, yc, kh, kw, (struct dw_steps){sh, sw, dh, dw}, \
+                             by_input_row, sevens);                                            \
     }
 
 /* the models' kernels, then any size, stride and dilation with stride 1 or 2 along x */
-DW_PLANE(plane_k3_s1, 3, 3, 1, 1, 1, 1)
-DW_PLANE(plane_k3_s2, 3, 3, 2, 2, 1, 1)
-DW_PLANE(plane_k5_s1, 5, 5, 1, 1, 1, 1)
-DW_PLANE(plane_k5_s2, 5, 5, 2, 2, 1, 1)
-DW_PLANE(plane_any_s1, (int)g->k_h, (int)g->k_w, g->stride_h, 1, g->dil_h, g->dil_w)
-DW_PLANE(plane_any_s2, (int)g->k_h, (int)g->k_w, g->stride_h, 2, g->dil_h, g->dil_w)
+DW_PLANE(plane_k3_s1, 3, 3, 1, 1, 1, 1, 1)
+DW_PLANE(plane_k3_s2, 3, 3, 2, 2, 1, 1, 1)
+DW_PLANE(plane_k5_s1, 5, 5, 1, 1, 1, 1, 1)
+DW_PLANE(plane_k5_s2, 5, 5, 2, 2, 1, 1, 1)
+DW_PLANE(plane_any_s1, (int)g->k_h, (int)g->k_w, g->stride_h, 1, g->dil_h, g->dil_w, 0)
+DW_PLANE(plane_any_s2, (int)g->k_h, (int)g->k_w, g->stride_h, 2, g->dil_h, g->dil_w, 0)
 
 /* The AVX2 plane function for this geometry, or NULL where it does not apply: no AVX2, a
  * stride along x other than 1 or 2, a kernel larger than DW_MAX_K, a block's taps wider than
@@ -494,13 +520,16 @@ static int conv_depthwise_avx2(depthwise_plane_fn fn, const float *x,
     int64_t per_channel = out_c / group, taps = g->k_h * g->k_w;
     size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
     int64_t planes = batch * out_c;
+    /* 7 independent sums where the rows come in sevens (those of a 224 x 224 model) and span
+     * at most 28 input rows; on larger planes 4 measure faster */
+    int sevens = g->out_h % 7 == 0 && g->out_h * g->stride_h <= 28;
     PARALLEL_FOR(threads_for((size_t)planes * plane * (size_t)taps),
         for (int64_t p = 0; p < planes; ++p) {
             int64_t b = p / out_c, oc = p % out_c;
             float *yc = y + (size_t)p * plane;
             fn(g, x + ((size_t)b * group + (size_t)(oc / per_channel)) * in_plane,
                w + (size_t)oc * taps, o->bias != NULL ? o->bias[oc] : 0.0f,
-               o->residual != NULL ? o->residual + (size_t)p * plane : NULL, yc);
+               o->residual != NULL ? o->residual + (size_t)p * plane : NULL, yc, sevens);
             activate_inplace(yc, plane, o->act, o->alpha, o->beta);
         });
     return 0;
