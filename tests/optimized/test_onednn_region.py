@@ -327,3 +327,38 @@ def test_constant_residual_is_not_dropped():
               [1, 8, 6, 5], ["y"])
     x = rng.uniform(-1, 1, (1, 8, 6, 5)).astype(np.float32)
     assert_matches(run_compiled(session(m), {"x": x}), ReferenceEvaluator(m).run(None, {"x": x}))
+
+
+@st.composite
+def pool_cases(draw):
+    k = [draw(st.integers(1, 3)), draw(st.integers(1, 4))]
+    return {
+        "shape": (draw(st.integers(1, 2)), draw(st.integers(1, 20)), draw(st.integers(4, 12)),
+                  draw(st.integers(4, 13))),
+        "kernel_shape": k, "strides": [draw(st.integers(1, 3)), draw(st.integers(1, 2))],
+        "pads": [draw(st.integers(0, k[0] - 1)), draw(st.integers(0, k[1] - 1)),
+                 draw(st.integers(0, k[0] - 1)), draw(st.integers(0, k[1] - 1))],
+        "kind": draw(st.sampled_from(["max", "average", "average_with_pads"])),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=pool_cases())
+def test_pool_matches_reference_pool(case):
+    """OneDNNRegion's pools (nChw8c, channel counts on and off the block, any pads and
+    strides without ceil mode) against the reference MaxPool and AveragePool."""
+    x = np.random.default_rng(case["seed"]).uniform(-1, 1, case["shape"]).astype(np.float32)
+    attrs = {k: case[k] for k in ("kernel_shape", "strides", "pads")}
+    if case["kind"] == "max":
+        node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
+    else:
+        node = helper.make_node("AveragePool", ["x"], ["y"], **attrs,
+                                count_include_pad=int(case["kind"] == "average_with_pads"))
+    want = ReferenceEvaluator(model([node], [], list(x.shape), ["y"])).run(None, {"x": x})[0]
+    region = kernels.OneDNNRegion(2)
+    region.entry(0, x.shape)
+    region.pool(0, 1, case["kind"], case["kernel_shape"], case["strides"], case["pads"])
+    region.exit(1)
+    region.finish()
+    np.testing.assert_allclose(region(x)[0], want, rtol=1e-6, atol=1e-6)
