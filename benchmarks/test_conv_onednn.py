@@ -39,6 +39,12 @@ SHAPES = {
     "3x3_512-512_7": (512, 512, 7, 3, 1, 1),
     "7x7s2_3-64_224": (3, 64, 224, 7, 2, 1),
     "dw3x3_144_56": (144, 144, 56, 3, 1, 144),
+    # squeezenet's and shufflenet's 1x1 (grouped too) and stem shapes (csrc/conv_pointwise.c)
+    "1x1_16-64_55": (16, 64, 55, 1, 1, 1),
+    "1x1_512-1000_13": (512, 1000, 13, 1, 1, 1),
+    "1x1g4_272-272_14": (272, 272, 14, 1, 1, 4),
+    "1x1g4_544-544_7": (544, 544, 7, 1, 1, 4),
+    "3x3s2_3-24_224": (3, 24, 224, 3, 2, 1),
 }
 WORKERS = ["onednn-blocked", "onednn-native", "onednn-plain", "ours", "onnxruntime"]
 THREADS = [1, 2]
