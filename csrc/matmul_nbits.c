@@ -64,8 +64,8 @@ static inline __attribute__((always_inline)) void dequant_block(const uint8_t *q
             out[i * per_byte + j] = ((float)((q[i] >> (j * bits)) & mask) - zp) * s;
 }
 
-/* Weight row `row` as floats into out[0 .. n_blocks * block_size) (the tail past k included:
- * padding codes dequantize to finite values, which meet zeros in a or are never read);
+/* Weight row `row` as floats into out[0 .. n_blocks * block_size), the tail past k zeros (it
+ * meets zeros in a: padding codes times an inf scale would make NaN where y is inf);
  * zps: scratch for n_blocks floats. */
 VECTOR_CLONES
 static void dequant_row(const nbits_weights *w, int row, float *out, float *zps)
@@ -83,6 +83,7 @@ static void dequant_row(const nbits_weights *w, int row, float *out, float *zps)
         else
             dequant_block(qb, w->blob, 2, zps[blk], sc[blk], o);
     }
+    for (int i = w->k; i < w->n_blocks * w->block_size; ++i) out[i] = 0.0f;
 }
 
 /* --- decode: one row of a against every weight row -------------------------------------- */
@@ -295,6 +296,7 @@ AVX2 static void dequant_row_avx2(const nbits_weights *w, int row, float *out, f
             }
         }
     }
+    for (int i = w->k; i < w->n_blocks * w->block_size; ++i) out[i] = 0.0f; /* as dequant_row */
 }
 #endif
 

@@ -421,3 +421,21 @@ def test_plan_leaves_matmul_nbits_with_a_bias_to_python():
     got, compiled, want = compiled_and_python(model, {"a": a})
     assert [op[0] for op in compiled.ops] == [PY]
     assert got[0].tobytes() == want[0].tobytes()
+
+
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [2, 12])
+def test_infinite_scale_in_the_last_partial_block_gives_inf(m, bits, simd):
+    """k = 40 in blocks of 32: the last block's codes past k are padding that a row of a never
+    meets. With that block's scale inf, every weight in it is inf (codes 9, zero point 8), so
+    y is inf as the reference's sum over k gives it, not NaN from inf padding times a's zeros."""
+    n, k, block = 20, 40, 32
+    b = np.full((n, 2, block * bits // 8), 0x99 if bits == 4 else 0x81, np.uint8)
+    scales = np.tile(np.array([1.0, np.inf], np.float32), n)
+    a = np.ones((m, k), np.float32)
+    got = kernels.matmul_nbits(a, b, scales, None, k=k, n=n, bits=bits, block_size=block,
+                               simd=simd)
+    w = dequantized(b, scales, None, k, n, bits, block)
+    np.testing.assert_array_equal(got, (a.astype(np.float64) @ w.T).astype(np.float32))
+    assert np.isposinf(got).all()
