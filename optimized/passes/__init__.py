@@ -3,12 +3,13 @@ that leaves a valid ONNX model (com.microsoft contrib ops for fused nodes) compu
 outputs. `optimize` runs the passes of a level and every level below it."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import onnx
 
-from reference.weights import WeightStore, detach_initializers
+from reference.weights import SMALL_TENSOR, WeightStore, detach_initializers, is_stub
 
 from ._graph import shared_inference, weights_into, working_copy
 from .attention_fusion import fuse_attention
@@ -85,6 +86,7 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
         return model
     with shared_inference(), weights_into(store), working_copy(model) as working:
         present = op_types(working.model)
+        stored = {t.name for t in working.model.graph.initializer}
         for p in PASSES:
             if p.level <= level and not (p.anchors and p.anchors.isdisjoint(present)):
                 model = working.model
@@ -92,9 +94,25 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
                 if working.update(rewritten):
                     present = op_types(rewritten)
                     if store is not None:
-                        detach_initializers(rewritten, store)
-                        store.retain(rewritten)
+                        stored = _store_weights(rewritten, store, stored)
+        if store is not None:  # also what a pass replaced under the same name
+            detach_initializers(working.model, store)
+            store.retain(working.model)
         return working.model
+
+
+def _store_weights(model: onnx.ModelProto, store: WeightStore, before: set[str]) -> set[str]:
+    """After a pass: the large initializers it made outside the store move into it, and the
+    arrays of those it dropped leave it. Returns the initializer names now."""
+    initializers = model.graph.initializer
+    now = {t.name for t in initializers}
+    made = now - before
+    if made and any(t.name in made and not is_stub(t) and math.prod(t.dims) > SMALL_TENSOR
+                    for t in initializers):
+        detach_initializers(model, store)
+    if before - now:
+        store.retain(model)
+    return now
 
 
 def op_types(model: onnx.ModelProto) -> set[str]:

@@ -365,3 +365,41 @@ def test_passes_share_consumers_while_the_graphs_nodes_stay_the_same(monkeypatch
     assert second is first and third is not first and fourth is not third
     assert [n.output[0] for n in fourth["x"]] == ["h", "y"] and "h" not in fourth
     assert made_by["y"] in first["h"]
+
+
+def test_weights_a_pass_adds_or_drops_outside_the_store_are_stored_or_released(monkeypatch):
+    from onnx import numpy_helper
+
+    from reference.weights import WeightStore, detach_initializers, is_stub, tensor_array
+
+    big = np.arange(2 * 3 * 400, dtype=np.float32).reshape(400, 2, 3)  # past SMALL_TENSOR
+
+    def add_raw(model):  # a large weight as a plain TensorProto, read by an Add
+        from optimized.passes._graph import copy_model
+
+        model = copy_model(model)
+        model.graph.initializer.append(numpy_helper.from_array(big + 1, "w2"))
+        model.graph.node[1].input.append("w2")
+        model.graph.node[1].op_type = "Add"
+        return model
+
+    def drop(model):  # the first weight goes
+        from optimized.passes._graph import copy_model
+
+        model = copy_model(model)
+        kept = [t for t in model.graph.initializer if t.name != "w"]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        model.graph.node[0].input[1] = "w2"
+        return model
+
+    nodes = [helper.make_node("Add", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    model = make_model(nodes, [("x", [400, 2, 3])], [("y", [400, 2, 3])], {"w": big})
+    store = WeightStore()
+    detach_initializers(model, store)
+    assert len(store.arrays) == 1
+    passes_of(monkeypatch, add_raw, drop)
+    rewritten = optimize(model, 1, store)
+    (w2,) = rewritten.graph.initializer
+    assert is_stub(w2) and len(store.arrays) == 1
+    np.testing.assert_array_equal(tensor_array(w2), big + 1)
