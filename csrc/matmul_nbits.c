@@ -411,25 +411,27 @@ static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, 
         if (panel == NULL || zps == NULL) {
             #pragma omp atomic write
             status = -1;
-        } else {
-            /* panels taken as threads come free, as in gemv_rows: a thread the OS runs late
-             * takes fewer (a panel is a whole GEMM, so taking one from the queue costs little) */
-            #pragma omp for schedule(dynamic, 1)
-            for (int p = 0; p < panels; ++p) {
-                int row0 = p * rows, count = w->n - row0 < rows ? w->n - row0 : rows;
-                for (int r = 0; r < count; ++r) {
-                    float *dst = panel + (size_t)r * padded;
+        }
+        /* panels taken as threads come free, as in gemv_rows: a thread the OS runs late
+         * takes fewer (a panel is a whole GEMM, so taking one from the queue costs little).
+         * Every thread meets the omp for, as OpenMP requires of a team, buffers or not. */
+        #pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < panels; ++p) {
+            if (panel == NULL || zps == NULL)
+                continue;
+            int row0 = p * rows, count = w->n - row0 < rows ? w->n - row0 : rows;
+            for (int r = 0; r < count; ++r) {
+                float *dst = panel + (size_t)r * padded;
 #if defined(__x86_64__)
-                    if (path != PATH_PORTABLE && w->block_size % 32 == 0)
-                        dequant_row_avx2(w, row0 + r, dst, zps);
-                    else
+                if (path != PATH_PORTABLE && w->block_size % 32 == 0)
+                    dequant_row_avx2(w, row0 + r, dst, zps);
+                else
 #endif
-                        dequant_row(w, row0 + r, dst, zps);
-                }
-                /* y[:, row0:row0+count] = a (m x k) @ panel^T; panel rows are padded past k */
-                gemm_block(0, 1, m, count, w->k, 1.0f, a, w->k, panel, padded, 0.0f,
-                           y + row0, w->n);
+                    dequant_row(w, row0 + r, dst, zps);
             }
+            /* y[:, row0:row0+count] = a (m x k) @ panel^T; panel rows are padded past k */
+            gemm_block(0, 1, m, count, w->k, 1.0f, a, w->k, panel, padded, 0.0f,
+                       y + row0, w->n);
         }
         free(panel);
         free(zps);
@@ -561,15 +563,17 @@ static int gemm_packed_avx2(const nbits_weights *w, const float *a, int m, float
         if (rows == NULL || c == NULL || zps == NULL) {
             #pragma omp atomic write
             status = -1;
-        } else {
+        }
+        /* every thread meets the omp for, as OpenMP requires of a team, buffers or not */
+        #pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < panels; ++p) {
+            if (rows == NULL || c == NULL || zps == NULL)
+                continue;
             float *panel = rows + (size_t)PACK_COLS * padded;
-            #pragma omp for schedule(dynamic, 1)
-            for (int p = 0; p < panels; ++p) {
-                int row0 = p * PACK_COLS;
-                int count = w->n - row0 < PACK_COLS ? w->n - row0 : PACK_COLS;
-                pack_panel_avx2(w, row0, count, padded, rows, zps, panel);
-                panel_product_avx2(a_pad, m, padded, panel, c, y + row0, (size_t)w->n, count);
-            }
+            int row0 = p * PACK_COLS;
+            int count = w->n - row0 < PACK_COLS ? w->n - row0 : PACK_COLS;
+            pack_panel_avx2(w, row0, count, padded, rows, zps, panel);
+            panel_product_avx2(a_pad, m, padded, panel, c, y + row0, (size_t)w->n, count);
         }
         free(rows);
         free(c);
