@@ -166,6 +166,10 @@ struct onednn_conv {
     int threads, act;
     float alpha, beta;
     char implementation[128];
+    /* for runs on a busy machine: the caller's NCHW weights and bias (kept alive by it) and
+     * the geometry, for conv2d_f32 on the calling thread */
+    const float *plain_w, *plain_bias;
+    int64_t geometry[18];
 };
 
 enum { SRC = 0, DST = 1 };
@@ -243,6 +247,8 @@ static onednn_conv *create_locked(const int64_t *geometry, const float *w, const
     }
     c->threads = kernels_configured_threads();
     omp_set_num_threads(c->threads); /* the primitive is built for the threads it will run on */
+    c->plain_w = w, c->plain_bias = bias;
+    memcpy(c->geometry, geometry, sizeof c->geometry);
 
     CHECK(dnnl.dnnl_memory_desc_create_with_tag(&user_src, 4, src_dims, dnnl_f32, dnnl_nchw), "source desc");
     CHECK(dnnl.dnnl_memory_desc_create_with_tag(&user_dst, 4, dst_dims, dnnl_f32, dnnl_nchw), "destination desc");
@@ -348,8 +354,32 @@ static dnnl_status_t execute(onednn_conv *c, void *src, void *dst)
 }
 
 /* y = act(conv(x) + bias + residual) with x, residual and y in NCHW; y may be residual. */
+/* The convolution by our own kernel on the calling thread alone: oneDNN's primitive splits
+ * its work for the team it was built for, and on an oversubscribed machine (the threads.c
+ * check) that team's barriers wait for threads without a core (mobilenet_v3_small at 2
+ * threads, load 11: 16x onnxruntime). */
+static int run_plain(const onednn_conv *c, const float *x, const float *residual, float *y)
+{
+    const int64_t *g = c->geometry;
+    float *copy = NULL;
+    if (residual != NULL && residual == y) { /* conv2d_f32 writes y before it adds the residual */
+        size_t bytes = c->user_dst_bytes;
+        if ((copy = malloc(bytes)) == NULL)
+            return -1;
+        memcpy(copy, residual, bytes);
+        residual = copy;
+    }
+    int status = conv2d_f32(x, g[0], g[1], g[2], g[3], c->plain_w, g[4], g[5], g[6], g[7], g[8],
+                            g[9], g[10], g[11], g[14], g[15], c->plain_bias, residual, y, g[16],
+                            g[17], c->act, c->alpha, c->beta);
+    free(copy);
+    return status;
+}
+
 int onednn_conv_run(onednn_conv *c, const float *x, const float *residual, float *y)
 {
+    if (kernels_get_num_threads() < c->threads)
+        return run_plain(c, x, residual, y);
     int status = -1;
     pthread_mutex_lock(&run_lock);
     omp_set_num_threads(c->threads);

@@ -239,7 +239,8 @@ def _onednn_conv(x, w, b, z, attrs):
     entry = plans.get(key)
     if entry is None or entry[0] is not b:
         try:
-            plan = kernels.OneDNNConv(x.shape, w, b, residual=z is not None, **attrs)
+            plan = kernels.OneDNNConv(x.shape, w, b, residual=z is not None, borrow_weights=True,
+                                      **attrs)
         except (RuntimeError, ValueError):
             plan = None  # refused by oneDNN, or bad arguments our kernel reports
         entry = plans[key] = (b, plan)

@@ -628,7 +628,7 @@ class OneDNNConv:
     def __init__(self, x_shape, w: np.ndarray, bias: np.ndarray | None = None, *, strides=None,
                  pads=None, dilations=None, group: int = 1, auto_pad: str = "NOTSET",
                  residual: bool = False, activation: str | None = None, activation_params=(),
-                 layout: str = "blocked"):
+                 layout: str = "blocked", borrow_weights: bool = False):
         reason = onednn_unavailable()
         if reason is not None:
             raise RuntimeError(f"oneDNN convolution unavailable: {reason}")
@@ -658,6 +658,10 @@ class OneDNNConv:
             raise RuntimeError("oneDNN refused the convolution: "
                                + ffi.string(lib.onednn_last_error()).decode(errors="replace"))
         self._handle = ffi.gc(handle, lib.onednn_conv_destroy)
+        # on a busy machine the C plan runs our kernel over w and bias instead (onednn_conv.c);
+        # borrow_weights: the caller keeps w alive for as long as the plan (the CPU provider's
+        # cache, keyed by w, drops the plan when w is freed, which a reference here would stop)
+        self._plain_weights = (None if borrow_weights else w, bias)
         self.implementation = ffi.string(lib.onednn_conv_implementation(handle)).decode()
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None = None,

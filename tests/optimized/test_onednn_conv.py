@@ -333,3 +333,38 @@ assert not cpu._ONEDNN_PLANS
 print(kernels.onednn_unavailable())
 """
     assert reason in run_without_onednn(code, setting)
+
+
+# A 2-thread oneDNN plan run in a process that counts the machine as busy (setting "0") or
+# never busy ("ignore"): prints whether the plan's result is bit for bit our own 1-thread
+# kernel's, then the largest difference from the reference as a fraction of the bound.
+BUSY_PROBE = """
+import numpy as np
+from optimized import kernels
+kernels.set_num_threads(2)
+rng = np.random.default_rng(5)
+x = rng.uniform(-1, 1, (2, 24, 11, 13)).astype(np.float32)
+w = rng.uniform(-1, 1, (20, 24, 3, 3)).astype(np.float32)
+b = rng.uniform(-1, 1, 20).astype(np.float32)
+residual = rng.uniform(-1, 1, (2, 20, 11, 13)).astype(np.float32)
+plan = kernels.OneDNNConv(x.shape, w, b, pads=[1, 1, 1, 1], residual=True, activation="Relu")
+ours = kernels.conv2d(x, w, b, pads=[1, 1, 1, 1], residual=residual, activation="Relu")
+y = plan(x, residual)
+in_place = residual.copy()
+plan(x, in_place, out=in_place)
+print(int(np.array_equal(y, ours)), int(np.array_equal(in_place, y)))
+"""
+
+
+@needs_onednn
+@pytest.mark.parametrize("setting, runs_ours", [("0", 1), ("ignore", 0)])
+def test_a_busy_machine_runs_our_kernel_on_the_calling_thread(setting, runs_ours):
+    # oneDNN's primitive splits its work for the team it was built for: on an oversubscribed
+    # machine its barriers would wait for threads without a core (threads.c's check)
+    environment = dict(os.environ, ONNX_PARITY_BUSY_MACHINE=setting)
+    done = subprocess.run([sys.executable, "-c", BUSY_PROBE], env=environment,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    same_as_ours, in_place_same = map(int, done.stdout.split())
+    # oneDNN sums in another order than our kernel, so its bits differ on this many sums
+    assert (same_as_ours, in_place_same) == (runs_ours, 1)
