@@ -20,7 +20,13 @@ after the pools and tied-channel copies were vectorised:
 Level at best, so not the default.  In nChw8c oneDNN runs jit:avx2 and jit_1x1:avx2, not the
 brgconv:avx2 it picks with its own layouts, and its 1x1 on few channels is slower than our
 kernel (1x1 16->64 at 55x55: about 200 us against 100-145): that takes back what the saved
-reorders give.  Before the vectorised pools and copies: squeezenet 52.3 / 39.1 ms."""
+reorders give.  Before the vectorised pools and copies: squeezenet 52.3 / 39.1 ms.
+Again on a quiet machine (load 1-2.6; benchmarks.isolated.IsolatedPair over two worker processes, one with
+regions and one without, rounds alternated, medians of 9; after the fused 1x1/stem and AVX2
+depthwise kernels), with regions / without, ms: 1 thread: resnet50 103.4 / 102.8, densenet121
+92.7 / 85.1, inception_v2 53.8 / 52.3, squeezenet 11.5 / 12.9, vgg19 514.9 / 510.5; 2 threads:
+resnet50 65.6 / 67.5, densenet121 58.7 / 54.5, inception_v2 28.4 / 33.6, squeezenet 8.35 /
+8.38.  Still mixed (0.84 to 1.09), so still off by default."""
 from __future__ import annotations
 
 import heapq
