@@ -45,11 +45,22 @@ _load_blas()
 # 55 ms instead of 26 (gpt2_seq128, 2 threads, 0.3 s between runs), because the sleeping thread
 # is woken for every parallel region; 30000 rounds (well under a millisecond) gave 33 ms.
 # On the same machine with three busy processes beside it: gpt2_seq1 at 2 threads 8.3-9.3 ms
-# at 1000 rounds, 11.5 at 30000, 23 at 300000 (README, Performance, has the older busy sweep).
+# at 1000 rounds, 11.5 at 30000, 23 at 300000 (README, Performance, has the older busy sweep);
+# such a machine now runs kernels on the calling thread (threads.c), so nothing spins there.
+# 30000 was still too few on this virtual machine: a sleeping thread's virtual CPU, once idle
+# for about 100 ms, takes about 12 ms to be scheduled again, and a run after such a pause paid
+# that at a parallel region in one run of two or three (medians of 20 runs, 0.1 s apart, at 2
+# threads: gpt2_seq1 9.7 ms, against 3.0 with 0.01 s apart; vit 4.8 against 1.4 in a loop).
+# CPU burnt by the spinning thread in the 0.5 s after a run / median with 0.1 s pauses:
+# 30000 rounds 1 ms / 9.7 ms (gpt2_seq1); 300000 8 ms / 3.8, vit 3.9 with spikes in 9 of 20;
+# 1000000 25 ms / 3.6, vit 6.0; 1500000 38 ms / 3.0, vit 2.3, spikes in 2 of 20; 2000000 50 ms
+# / 3.2, vit 2.3; 3000000 76 ms.  1500000 spins about as long as onnxruntime's pool does after
+# a run (40-46 ms of CPU, benchmarks/isolated.py), which does not stall there because its
+# calling thread can finish a loop alone.
 # A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins; ours is set for the load only, so the
 # process's environment (and its children's) stays as the user left it.  A libgomp that another
 # library loaded first keeps the settings it loaded with.
-OPENMP_SPIN_COUNT = 30000
+OPENMP_SPIN_COUNT = 1500000
 
 
 def _import_extension():
