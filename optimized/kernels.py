@@ -465,7 +465,7 @@ class PackedWeights:
     a panel, each K rows of 16 floats, the last panel padded with zeros.  Packed from b (k, n),
     or (n, k) with trans_b; independent of M and of the thread count."""
 
-    __slots__ = ("k", "n", "data")
+    __slots__ = ("data", "k", "n")
 
     def __init__(self, b: np.ndarray, *, trans_b: bool = False):
         b = _f32("B", b)

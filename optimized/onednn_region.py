@@ -74,9 +74,7 @@ def _conv_ok(plan, step, attrs) -> bool:
     activation = attrs.get("activation")
     if isinstance(activation, bytes):
         activation = activation.decode()
-    if activation is not None and activation not in ZERO_AT_ZERO:
-        return False
-    return True
+    return activation is None or activation in ZERO_AT_ZERO
 
 
 def _pool_ok(attrs) -> bool:
