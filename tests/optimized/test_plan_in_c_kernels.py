@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from optimized import kernels
-from optimized.cpu import C_STEPS, KERNELS
+from optimized.cpu import C_STEPS, KERNELS, ONEDNN_CONV_RULES, conv_class
 from optimized.passes.fuse_bias_activation import CONV_HARD_SWISH, fuse_bias_activation
 from optimized.passes.gqa_fusion import (
     GROUPED_ATTENTION,
@@ -99,7 +99,9 @@ def conv_model(x_shape, w_shape, attrs, fused=False, residual=False):
 
 
 def conv_kind(name):
-    uses_onednn = name in ("spatial", "stem") and kernels.onednn_unavailable() is None
+    _x_shape, w_shape, attrs = CONVS[name]
+    rule = ONEDNN_CONV_RULES.get(conv_class(np.zeros(w_shape), attrs.get("group", 1)))
+    uses_onednn = rule == "onednn" and kernels.onednn_unavailable() is None
     return lib.PLAN_ONEDNN_CONV if uses_onednn else lib.PLAN_CONV
 
 
