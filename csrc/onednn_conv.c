@@ -73,11 +73,6 @@ const char *onednn_conv_implementation(const onednn_conv *c)
     return "";
 }
 
-void *onednn_library(void)
-{
-    return NULL;
-}
-
 void onednn_conv_destroy(onednn_conv *c)
 {
     (void)c;
@@ -87,23 +82,7 @@ void onednn_conv_destroy(onednn_conv *c)
 
 #include "oneapi/dnnl/dnnl.h"
 
-/* The entry points used, resolved from the opened library. */
-#define DNNL_ENTRY_POINTS(X)                                                                      \
-    X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_stream_wait)                               \
-    X(dnnl_memory_desc_create_with_tag) X(dnnl_memory_desc_destroy) X(dnnl_memory_desc_equal)     \
-    X(dnnl_memory_desc_get_size) X(dnnl_memory_create) X(dnnl_memory_set_data_handle)             \
-    X(dnnl_memory_destroy) X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)           \
-    X(dnnl_primitive_attr_set_post_ops) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)          \
-    X(dnnl_post_ops_append_sum)                                                                   \
-    X(dnnl_convolution_forward_primitive_desc_create) X(dnnl_reorder_primitive_desc_create)       \
-    X(dnnl_primitive_desc_query_md) X(dnnl_primitive_desc_query) X(dnnl_primitive_desc_destroy)   \
-    X(dnnl_primitive_create) X(dnnl_primitive_execute) X(dnnl_primitive_destroy)
-
-static struct {
-#define DECLARE(name) __typeof__(&name) name;
-    DNNL_ENTRY_POINTS(DECLARE)
-#undef DECLARE
-} dnnl;
+static struct onednn_api dnnl; /* engine and stream below until onednn_open succeeds */
 
 static void *library;
 static dnnl_engine_t engine;
@@ -143,18 +122,19 @@ int onednn_open(const char *path)
         status = -1;
         goto done;
     }
+    dnnl.engine = engine, dnnl.stream = stream;
     library = handle;
 done:
     pthread_mutex_unlock(&open_lock);
     return status;
 }
 
-void *onednn_library(void)
+const struct onednn_api *onednn_api(void)
 {
     pthread_mutex_lock(&open_lock);
-    void *handle = library;
+    const struct onednn_api *api = library != NULL ? &dnnl : NULL;
     pthread_mutex_unlock(&open_lock);
-    return handle;
+    return api;
 }
 
 struct onednn_conv {
@@ -183,8 +163,8 @@ enum { SRC = 0, DST = 1 };
         }                                                                                          \
     } while (0)
 
-static dnnl_status_t reorder(dnnl_primitive_t *prim, const_dnnl_memory_desc_t from,
-                             const_dnnl_memory_desc_t to)
+dnnl_status_t onednn_make_reorder(dnnl_primitive_t *prim, const_dnnl_memory_desc_t from,
+                                  const_dnnl_memory_desc_t to)
 {
     dnnl_primitive_desc_t pd;
     dnnl_status_t s = dnnl.dnnl_reorder_primitive_desc_create(&pd, from, engine, to, engine, NULL);
@@ -195,7 +175,7 @@ static dnnl_status_t reorder(dnnl_primitive_t *prim, const_dnnl_memory_desc_t fr
     return s;
 }
 
-static dnnl_status_t run_reorder(dnnl_primitive_t prim, dnnl_memory_t from, dnnl_memory_t to)
+dnnl_status_t onednn_run_reorder(dnnl_primitive_t prim, dnnl_memory_t from, dnnl_memory_t to)
 {
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
     return dnnl.dnnl_primitive_execute(prim, stream, 2, args);
@@ -288,27 +268,27 @@ static onednn_conv *create_locked(const int64_t *geometry, const float *w, const
     CHECK(dnnl.dnnl_memory_create(&c->src, src_md, engine, DNNL_MEMORY_NONE), "memory");
     CHECK(dnnl.dnnl_memory_create(&c->dst, dst_md, engine, DNNL_MEMORY_NONE), "memory");
     if (!dnnl.dnnl_memory_desc_equal(src_md, user_src))
-        CHECK(reorder(&c->to_src, user_src, src_md), "source reorder");
+        CHECK(onednn_make_reorder(&c->to_src, user_src, src_md), "source reorder");
     if (!dnnl.dnnl_memory_desc_equal(dst_md, user_dst)) {
-        CHECK(reorder(&c->from_dst, dst_md, user_dst), "destination reorder");
+        CHECK(onednn_make_reorder(&c->from_dst, dst_md, user_dst), "destination reorder");
         if (has_residual)
-            CHECK(reorder(&c->to_dst, user_dst, dst_md), "residual reorder");
+            CHECK(onednn_make_reorder(&c->to_dst, user_dst, dst_md), "residual reorder");
     }
 
     /* weights (and bias) copied once into memory the plan owns, in the primitive's layout */
     CHECK(dnnl.dnnl_memory_create(&c->weights, w_md, engine, DNNL_MEMORY_ALLOCATE), "weights memory");
     CHECK(dnnl.dnnl_memory_create(&user_weights, user_w, engine, (void *)w), "weights memory");
-    CHECK(reorder(&weight_reorder, user_w, w_md), "weights reorder");
-    CHECK(run_reorder(weight_reorder, user_weights, c->weights), "weights reorder");
+    CHECK(onednn_make_reorder(&weight_reorder, user_w, w_md), "weights reorder");
+    CHECK(onednn_run_reorder(weight_reorder, user_weights, c->weights), "weights reorder");
     if (bias != NULL) {
         const_dnnl_memory_desc_t bias_md = dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1);
         dnnl_memory_t user_bias = NULL;
         dnnl_primitive_t bias_reorder = NULL;
         CHECK(dnnl.dnnl_memory_create(&c->bias, bias_md, engine, DNNL_MEMORY_ALLOCATE), "bias memory");
         CHECK(dnnl.dnnl_memory_create(&user_bias, b_md, engine, (void *)bias), "bias memory");
-        dnnl_status_t s = reorder(&bias_reorder, b_md, bias_md);
+        dnnl_status_t s = onednn_make_reorder(&bias_reorder, b_md, bias_md);
         if (s == dnnl_success)
-            s = run_reorder(bias_reorder, user_bias, c->bias);
+            s = onednn_run_reorder(bias_reorder, user_bias, c->bias);
         if (bias_reorder != NULL)
             dnnl.dnnl_primitive_destroy(bias_reorder);
         dnnl.dnnl_memory_destroy(user_bias);
@@ -389,7 +369,7 @@ int onednn_conv_run(onednn_conv *c, const float *x, const float *residual, float
         if (src == NULL) goto out;
         dnnl.dnnl_memory_set_data_handle(c->user_src, (void *)x);
         dnnl.dnnl_memory_set_data_handle(c->src, src);
-        if (run_reorder(c->to_src, c->user_src, c->src) != dnnl_success) goto out;
+        if (onednn_run_reorder(c->to_src, c->user_src, c->src) != dnnl_success) goto out;
     }
     if (c->from_dst != NULL) {
         dst = workspace_for(DST, c->bytes[DST]);
@@ -397,7 +377,7 @@ int onednn_conv_run(onednn_conv *c, const float *x, const float *residual, float
         if (residual != NULL) {
             dnnl.dnnl_memory_set_data_handle(c->user_dst, (void *)residual);
             dnnl.dnnl_memory_set_data_handle(c->dst, dst);
-            if (run_reorder(c->to_dst, c->user_dst, c->dst) != dnnl_success) goto out;
+            if (onednn_run_reorder(c->to_dst, c->user_dst, c->dst) != dnnl_success) goto out;
         }
     } else if (residual != NULL && residual != y) {
         memcpy(y, residual, c->user_dst_bytes);
@@ -405,7 +385,7 @@ int onednn_conv_run(onednn_conv *c, const float *x, const float *residual, float
     if (execute(c, src, dst) != dnnl_success) goto out;
     if (c->from_dst != NULL) {
         dnnl.dnnl_memory_set_data_handle(c->user_dst, y);
-        if (run_reorder(c->from_dst, c->dst, c->user_dst) != dnnl_success) goto out;
+        if (onednn_run_reorder(c->from_dst, c->dst, c->user_dst) != dnnl_success) goto out;
     }
     status = dnnl.dnnl_stream_wait(stream) == dnnl_success ? 0 : -1;
     if (status == 0 && c->act != ACT_NONE)

@@ -11,7 +11,6 @@
  * Activations run as our own kernel (activation_f32) over the whole buffer, padding channels
  * included: oneDNN's eltwise post-op turns NaN into 0 where ONNX keeps it.  The caller admits
  * only activations with f(0) = 0, so zero padding channels stay zero. */
-#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -67,57 +66,27 @@ void onednn_region_destroy(onednn_region *r) { (void)r; }
 
 #include "oneapi/dnnl/dnnl.h"
 
-#define DNNL_ENTRY_POINTS(X)                                                                      \
-    X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_stream_wait)                               \
-    X(dnnl_memory_desc_create_with_tag) X(dnnl_memory_desc_destroy) X(dnnl_memory_desc_equal)     \
-    X(dnnl_memory_desc_get_size) X(dnnl_memory_desc_clone) X(dnnl_memory_create)                  \
-    X(dnnl_memory_set_data_handle) X(dnnl_memory_destroy) X(dnnl_primitive_attr_create)           \
-    X(dnnl_primitive_attr_destroy) X(dnnl_primitive_attr_set_post_ops) X(dnnl_post_ops_create)    \
-    X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)                                          \
-    X(dnnl_convolution_forward_primitive_desc_create) X(dnnl_reorder_primitive_desc_create)       \
-    X(dnnl_primitive_desc_query_md) X(dnnl_primitive_desc_destroy)                                \
-    X(dnnl_primitive_create) X(dnnl_primitive_execute) X(dnnl_primitive_destroy)
-
-static struct {
-#define DECLARE(name) __typeof__(&name) name;
-    DNNL_ENTRY_POINTS(DECLARE)
-#undef DECLARE
-} dnnl;
-
+static struct onednn_api dnnl;
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 static int ready;
 static dnnl_engine_t engine;
 static dnnl_stream_t stream;
 
-/* Resolves the entry points from the library onednn_open loaded; 0 or -1. */
+/* Takes the entry points, engine and stream onednn_open made (onednn_conv.c); 0 or -1. */
 static int setup(void)
 {
     pthread_mutex_lock(&setup_lock);
     int status = 0;
-    if (ready)
-        goto done;
-    void *handle = onednn_library();
-    if (handle == NULL) {
-        snprintf(last_error, sizeof last_error, "oneDNN is not opened (onednn_open)");
-        status = -1;
-        goto done;
+    if (!ready) {
+        const struct onednn_api *api = onednn_api();
+        if (api == NULL) {
+            snprintf(last_error, sizeof last_error, "oneDNN is not opened (onednn_open)");
+            status = -1;
+        } else {
+            dnnl = *api, engine = api->engine, stream = api->stream;
+            ready = 1;
+        }
     }
-#define RESOLVE(name)                                                                              \
-    if ((*(void **)&dnnl.name = dlsym(handle, #name)) == NULL) {                                  \
-        snprintf(last_error, sizeof last_error, "oneDNN lacks %s", #name);                        \
-        status = -1;                                                                               \
-        goto done;                                                                                 \
-    }
-    DNNL_ENTRY_POINTS(RESOLVE)
-#undef RESOLVE
-    if (dnnl.dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success
-        || dnnl.dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
-        snprintf(last_error, sizeof last_error, "oneDNN could not create a CPU engine and stream");
-        status = -1;
-        goto done;
-    }
-    ready = 1;
-done:
     pthread_mutex_unlock(&setup_lock);
     return status;
 }
@@ -278,24 +247,6 @@ int onednn_region_entry(onednn_region *r, int64_t value, const int64_t *dims)
     return 0;
 }
 
-static dnnl_status_t make_reorder(dnnl_primitive_t *prim, const_dnnl_memory_desc_t from,
-                                  const_dnnl_memory_desc_t to)
-{
-    dnnl_primitive_desc_t pd;
-    dnnl_status_t s = dnnl.dnnl_reorder_primitive_desc_create(&pd, from, engine, to, engine, NULL);
-    if (s != dnnl_success)
-        return s;
-    s = dnnl.dnnl_primitive_create(prim, pd);
-    dnnl.dnnl_primitive_desc_destroy(pd);
-    return s;
-}
-
-static dnnl_status_t run_reorder(dnnl_primitive_t prim, dnnl_memory_t from, dnnl_memory_t to)
-{
-    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
-    return dnnl.dnnl_primitive_execute(prim, stream, 2, args);
-}
-
 /* geometry as onednn_conv_create's: batch, in_c, in_h, in_w, out_c, k_h, k_w, group, stride_h,
  * stride_w, pad_top, pad_left, pad_bottom, pad_right, dil_h, dil_w, out_h, out_w. */
 int onednn_region_conv(onednn_region *r, int64_t src, int64_t residual, int64_t dst,
@@ -391,14 +342,14 @@ int onednn_region_conv(onednn_region *r, int64_t src, int64_t residual, int64_t 
     CHECK(dnnl.dnnl_memory_create(&op->to, dst_md, engine, DNNL_MEMORY_NONE), "memory");
     CHECK(dnnl.dnnl_memory_create(&op->weights, w_md, engine, DNNL_MEMORY_ALLOCATE), "weights memory");
     CHECK(dnnl.dnnl_memory_create(&user_weights, user_w, engine, (void *)w), "weights memory");
-    CHECK(make_reorder(&weight_reorder, user_w, w_md), "weights reorder");
-    CHECK(run_reorder(weight_reorder, user_weights, op->weights), "weights reorder");
+    CHECK(onednn_make_reorder(&weight_reorder, user_w, w_md), "weights reorder");
+    CHECK(onednn_run_reorder(weight_reorder, user_weights, op->weights), "weights reorder");
     if (bias != NULL) {
         const_dnnl_memory_desc_t bias_md = dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1);
         CHECK(dnnl.dnnl_memory_create(&op->bias, bias_md, engine, DNNL_MEMORY_ALLOCATE), "bias memory");
         CHECK(dnnl.dnnl_memory_create(&user_bias, b_md, engine, (void *)bias), "bias memory");
-        CHECK(make_reorder(&bias_reorder, b_md, bias_md), "bias reorder");
-        CHECK(run_reorder(bias_reorder, user_bias, op->bias), "bias reorder");
+        CHECK(onednn_make_reorder(&bias_reorder, b_md, bias_md), "bias reorder");
+        CHECK(onednn_run_reorder(bias_reorder, user_bias, op->bias), "bias reorder");
     }
     CHECK(dnnl.dnnl_stream_wait(stream), "weights reorder");
     status = 0;
@@ -654,7 +605,7 @@ int onednn_region_finish(onednn_region *r)
         CHECK(tagged(&plain, v->dims, dnnl_nchw), "plain descriptor");
         const_dnnl_memory_desc_t from = op->kind == OP_ENTRY ? plain : v->md;
         const_dnnl_memory_desc_t to = op->kind == OP_ENTRY ? v->md : plain;
-        CHECK(make_reorder(&op->prim, from, to), "reorder");
+        CHECK(onednn_make_reorder(&op->prim, from, to), "reorder");
         CHECK(dnnl.dnnl_memory_create(&op->from, from, engine, DNNL_MEMORY_NONE), "memory");
         CHECK(dnnl.dnnl_memory_create(&op->to, to, engine, DNNL_MEMORY_NONE), "memory");
         dnnl.dnnl_memory_desc_destroy(plain);
@@ -846,12 +797,12 @@ static int run_locked(onednn_region *r, const float *const *inputs, float *const
         case OP_ENTRY:
             dnnl.dnnl_memory_set_data_handle(op->from, (void *)inputs[op->user]);
             dnnl.dnnl_memory_set_data_handle(op->to, buffer_of(r, op->out));
-            if (run_reorder(op->prim, op->from, op->to) != dnnl_success) return -1;
+            if (onednn_run_reorder(op->prim, op->from, op->to) != dnnl_success) return -1;
             break;
         case OP_EXIT:
             dnnl.dnnl_memory_set_data_handle(op->from, buffer_of(r, op->in[0]));
             dnnl.dnnl_memory_set_data_handle(op->to, outputs[op->user]);
-            if (run_reorder(op->prim, op->from, op->to) != dnnl_success) return -1;
+            if (onednn_run_reorder(op->prim, op->from, op->to) != dnnl_success) return -1;
             break;
         case OP_CONV: {
             if (op->copy_residual)
