@@ -227,27 +227,33 @@ AVX2 static void stride2_taps3_avx2(int is_max, float *yrow, const float *t, int
     }
 }
 
+/* Output row oy's window rows reduced into t + pad_left (the fill where none is inside), t's
+ * padding columns left at the fill; the rows it counts for an average. */
+AVX2 static float reduce_window_rows_avx2(const pool_geometry *gm, const float *xp, int64_t oy,
+                                          float *t, float fill)
+{
+    const float *rows[64];
+    int64_t y0 = oy * gm->stride_h - gm->pad_top, fy, ly, py0, py1;
+    taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
+    for (int64_t ky = fy; ky < ly; ++ky) rows[ky - fy] = xp + (y0 + ky * gm->dil_h) * gm->in_w;
+    if (fy < ly)
+        reduce_rows_avx2(gm->is_max, t + gm->pad_left, rows, ly - fy, gm->in_w, 1, fill);
+    else
+        for (int64_t i = 0; i < gm->in_w; ++i) t[gm->pad_left + i] = fill;
+    taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom, &py0, &py1);
+    return (float)(gm->count_include_pad ? py1 - py0 : ly - fy);
+}
+
 /* pool_plane for stride 2, 3 taps along x (no dilation), with AVX2. */
 AVX2 static void pool_plane_s2k3_avx2(const pool_geometry *gm, const float *xp, float *yp,
                                       float *t, const float *col_count)
 {
-    const int64_t in_w = gm->in_w, out_w = gm->out_w;
+    const int64_t out_w = gm->out_w;
     const float fill = gm->is_max ? -INFINITY : 0.0f;
     for (int64_t i = 0; i < gm->width + 32; ++i) t[i] = fill;
-    const float *rows[64];
     for (int64_t oy = 0; oy < gm->out_h; ++oy) {
-        float *yrow = yp + oy * out_w;
-        int64_t y0 = oy * gm->stride_h - gm->pad_top, fy, ly;
-        taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
-        for (int64_t ky = fy; ky < ly; ++ky) rows[ky - fy] = xp + (y0 + ky * gm->dil_h) * in_w;
-        if (fy < ly)
-            reduce_rows_avx2(gm->is_max, t + gm->pad_left, rows, ly - fy, in_w, 1, fill);
-        else
-            for (int64_t i = 0; i < in_w; ++i) t[gm->pad_left + i] = fill;
-        int64_t py0, py1;
-        taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom, &py0, &py1);
-        float rows_counted = (float)(gm->count_include_pad ? py1 - py0 : ly - fy);
-        stride2_taps3_avx2(gm->is_max, yrow, t, out_w, rows_counted, col_count,
+        float rows_counted = reduce_window_rows_avx2(gm, xp, oy, t, fill);
+        stride2_taps3_avx2(gm->is_max, yp + oy * out_w, t, out_w, rows_counted, col_count,
                            (gm->out_h - oy) * out_w - 8);
     }
 }
@@ -279,21 +285,11 @@ AVX2 static void stride1_taps_avx2(int is_max, float *yrow, const float *t, int6
 AVX2 static void pool_plane_s1_avx2(const pool_geometry *gm, const float *xp, float *yp,
                                     float *t, const float *col_count)
 {
-    const int64_t in_w = gm->in_w, out_w = gm->out_w;
+    const int64_t out_w = gm->out_w;
     const float fill = gm->is_max ? -INFINITY : 0.0f;
     for (int64_t i = 0; i < gm->width + 32; ++i) t[i] = fill;
-    const float *rows[64];
     for (int64_t oy = 0; oy < gm->out_h; ++oy) {
-        int64_t y0 = oy * gm->stride_h - gm->pad_top, fy, ly;
-        taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
-        for (int64_t ky = fy; ky < ly; ++ky) rows[ky - fy] = xp + (y0 + ky * gm->dil_h) * in_w;
-        if (fy < ly)
-            reduce_rows_avx2(gm->is_max, t + gm->pad_left, rows, ly - fy, in_w, 1, fill);
-        else
-            for (int64_t i = 0; i < in_w; ++i) t[gm->pad_left + i] = fill;
-        int64_t py0, py1;
-        taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom, &py0, &py1);
-        float rows_counted = (float)(gm->count_include_pad ? py1 - py0 : ly - fy);
+        float rows_counted = reduce_window_rows_avx2(gm, xp, oy, t, fill);
         stride1_taps_avx2(gm->is_max, yp + oy * out_w, t, out_w, gm->k_w, gm->dil_w,
                           rows_counted, col_count, (gm->out_h - oy) * out_w - 8);
     }
