@@ -632,3 +632,24 @@ def batchnorm_affine(bn, constants):
         return None
     s = gamma / np.sqrt(var + attr(bn, "epsilon", 1e-5))
     return s, beta - mean * s
+
+
+# float64 elements scale_channels computes at a time: the block stays in the cache
+SCALED_BLOCK = 1 << 14
+
+
+def scale_channels(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """w * scale along w's first axis, computed in float64 and rounded to w's dtype once (what
+    (w.astype(float64) * scale).astype(w.dtype) gives, bit for bit), a few channels at a time:
+    the whole float64 copies cost resnet50's session 3 passes over 200 MB."""
+    scale = np.asarray(scale, np.float64).reshape(-1)
+    out = np.empty(w.shape, w.dtype)
+    if w.size == 0:
+        return out
+    rows, out_rows = w.reshape(w.shape[0], -1), out.reshape(w.shape[0], -1)
+    step = max(1, SCALED_BLOCK // max(1, rows.shape[1]))
+    for start in range(0, rows.shape[0], step):
+        end = start + step
+        out_rows[start:end] = np.multiply(rows[start:end], scale[start:end, None],
+                                          dtype=np.float64)
+    return out

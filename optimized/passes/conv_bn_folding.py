@@ -16,6 +16,7 @@ from ._graph import (
     is_inference_batchnorm,
     only_reader,
     opset_version,
+    scale_channels,
     set_nodes,
     splice,
     taken_names,
@@ -59,5 +60,4 @@ def _folded_weights(conv, bn, constants):
         return None
     scale, shift = affine
     b = np.zeros(w.shape[0]) if bias is None else bias.astype(np.float64)
-    folded_w = w.astype(np.float64) * scale.reshape((-1,) + (1,) * (w.ndim - 1))
-    return folded_w.astype(w.dtype), (b * scale + shift).astype(w.dtype)
+    return scale_channels(w, scale), (b * scale + shift).astype(w.dtype)
