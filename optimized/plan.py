@@ -551,6 +551,28 @@ C, PY = 0, 1
 ALIGN = 64
 
 
+def _position(inside: dict[int, tuple[int, int]], slot: int) -> tuple[int, int]:
+    """The outermost Concat result that holds slot in place (slot itself where none does), and
+    slot's byte offset in it."""
+    at = 0
+    while slot in inside:
+        slot, offset = inside[slot]
+        at += offset
+    return slot, at
+
+
+def _side_by_side(inside: dict[int, tuple[int, int]], offsets: list[tuple[int, int]]):
+    """(holder, byte offset) where a Concat's result already lies, its inputs (with their byte
+    offsets in it) all in place in one holder in this order; else None."""
+    if not offsets or any(x not in inside for x, _ in offsets):
+        return None
+    host, first = _position(inside, offsets[0][0])
+    start = first - offsets[0][1]
+    if all(_position(inside, x) == (host, start + offset) for x, offset in offsets):
+        return host, start
+    return None
+
+
 class CompiledRun:
     """One signature's run: steps whose values were the same in the recorded run are gone
     (their values kept), consecutive steps that C_STEPS describes run in one plan_run call
@@ -605,6 +627,7 @@ class CompiledRun:
             storage.update({s: "fresh" if s in outputs or s in self.resized else "arena"
                             for s in made})
         self.storage = storage
+        self.inside = self._place_concats(steps, kinds, described, rec)
         need = self._liveness(steps, kinds, outputs)
         self._layout(steps, kinds, rec, storage, need)
         self._table(steps, kinds, described, rec, storage, need, outputs)
@@ -615,6 +638,86 @@ class CompiledRun:
     # building -------------------------------------------------------------------------
     def _describe(self, step: Step, rec: Recorder):
         return describe_step(self.plan, step, rec)
+
+    def _place_concats(self, steps, kinds, described, rec) -> dict[int, tuple[int, int]]:
+        """{slot: (concat result, byte offset)} for the Concat inputs that C writes straight
+        into their place in the result: a Concat whose leading dimensions before its axis are
+        all 1 holds each input as one contiguous byte range.  Such an input must be an arena
+        value (a C step's whole output, not a view, not a graph output), appear once in that
+        Concat and sit in no other.  The last Concat that takes a value gets it (the largest
+        where features are concatenated again and again), so a Concat's result may itself sit
+        in a later one's, and so may one whose inputs all sit side by side in a later one.
+        The Concat keeps copies only of the inputs not in place."""
+        inside: dict[int, tuple[int, int]] = {}
+        for i in range(len(steps) - 1, -1, -1):
+            step = steps[i]
+            offsets = self._concat_offsets(step, kinds[i], described.get(i), rec)
+            if offsets is None:
+                continue
+            y = step.outputs[0]
+            total = int(np.prod(rec.specs[y][0])) * rec.specs[y][1].itemsize
+            sizes = self._sizes(offsets, total)
+            if y not in inside:
+                spot = _side_by_side(inside, [(x, o) for (x, o), n in zip(offsets, sizes) if n])
+                if spot is not None:
+                    inside[y] = spot
+            for x, offset in offsets:
+                if (x != y and x not in inside and step.inputs.count(x) == 1
+                        and self.storage.get(x) == "arena" and x not in self.resized):
+                    inside[x] = (y, offset)
+            host, at = _position(inside, y)
+            copies = [(x, offset, nbytes) for (x, offset), nbytes in zip(offsets, sizes)
+                      if nbytes and _position(inside, x) != (host, at + offset)]
+            for x, offset, nbytes in copies:
+                source, start = _position(inside, x)
+                if source == host and start < at + offset + nbytes and at + offset < start + nbytes:
+                    raise ValueError("a Concat would copy an input onto its own bytes")
+            described[i] = [kernels.rows_copy_step(x, y, 1, nbytes, offset, total)
+                            for x, offset, nbytes in copies]
+        return inside
+
+    def _concat_offsets(self, step: Step, kind, description, rec) -> list[tuple[int, int]] | None:
+        """(input, byte offset in the result) for a Concat that C runs, whose result is an arena
+        value and whose inputs are each one contiguous byte range of it; else None."""
+        node = step.node
+        if (kind != C or node.op_type != "Concat" or canonical_domain(node.domain) != ""
+                or not isinstance(description, list)):
+            return None
+        y = step.outputs[0]
+        if self.storage.get(y) != "arena" or y in self.resized or ABSENT in step.inputs:
+            return None
+        if any(s in self.resized for s in step.inputs):
+            return None
+        shape, dtype = rec.specs[y]
+        axis = (self.plan._static_attributes(node) or {}).get("axis")
+        if axis is None or not -len(shape) <= axis < len(shape):
+            return None
+        if int(np.prod(shape[:axis % len(shape)])) != 1:
+            return None
+        offsets, offset = [], 0
+        for x in step.inputs:
+            x_shape, x_dtype = rec.specs[x]
+            offsets.append((x, offset))
+            offset += int(np.prod(x_shape)) * x_dtype.itemsize
+        return offsets if offset == int(np.prod(shape)) * dtype.itemsize else None
+
+    def _host(self, slot: int) -> tuple[int, int]:
+        return _position(self.inside, slot)
+
+    def _concat_spans(self, steps, need) -> dict[int, int]:
+        """{outermost Concat result: the last step that needs it or any value in it}."""
+        span: dict[int, int] = {}
+        made = {s: i for i, step in enumerate(steps) for s in step.outputs if s != ABSENT}
+        for s in self.inside:
+            host = self._host(s)[0]
+            for value in (s, host):
+                span[host] = max(span.get(host, 0), need.get(value, made[value]))
+        return span
+
+    @staticmethod
+    def _sizes(offsets: list[tuple[int, int]], total: int) -> list[int]:
+        ends = [offset for _, offset in offsets[1:]] + [total]
+        return [end - offset for (_, offset), end in zip(offsets, ends)]
 
     @staticmethod
     def _root(storage: dict, slot: int) -> int:
@@ -641,13 +744,16 @@ class CompiledRun:
         after the last step that needs it."""
         placed: list[tuple[int, int, int]] = []  # (offset, size, last step)
         offsets: dict[int, int] = {}
+        span = self._concat_spans(steps, need)
         top = 0
         for i, step in enumerate(steps):
             if kinds[i] != C:
                 continue
             placed = [p for p in placed if p[2] >= i]
             for s in step.outputs:
-                if storage.get(s) != "arena":
+                if s in self.inside:
+                    s = self._host(s)[0]  # the whole Concat result, from its first input on
+                if storage.get(s) != "arena" or s in offsets:
                     continue
                 shape, dtype = rec.specs[s]
                 size = max(ALIGN, -(-int(np.prod(shape)) * dtype.itemsize // ALIGN) * ALIGN)
@@ -656,9 +762,12 @@ class CompiledRun:
                     if offset + size <= o:
                         break
                     offset = max(offset, o + z)
-                placed.append((offset, size, need.get(s, i)))
+                placed.append((offset, size, span.get(s, need.get(s, i))))
                 offsets[s] = offset
                 top = max(top, offset + size)
+        for s in self.inside:
+            host, at = self._host(s)
+            offsets[s] = offsets[host] + at
         self.arena = np.empty(top, np.uint8)
         self.views: dict[int, np.ndarray] = {}
         for s, offset in offsets.items():
