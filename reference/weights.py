@@ -345,6 +345,9 @@ def _read_tensor(f, start: int, length: int, store: WeightStore) -> bytes:
             f.seek(at)
             if f.readinto(memoryview(buffer)) != size:
                 raise _Unreadable("the file ends early")
+            # read-only down to its memory: a constant by the flags that the optimized
+            # kernels' weight caches trust (the typed view below is all that stub() sees)
+            buffer.setflags(write=False)
             if tensor.data_type not in _PACKED_4BIT:
                 dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
                 buffer = buffer.view(dtype).reshape(tuple(tensor.dims))

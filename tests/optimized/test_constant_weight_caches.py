@@ -2,8 +2,9 @@
 read-only C-contiguous array as a constant.  A read-only view of memory the caller still
 writes is no constant: fed again after its base changed, it must give the new result."""
 import numpy as np
+import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import optimized as ort
 from optimized import kernels
@@ -75,5 +76,28 @@ def test_initializers_written_as_float_data_stay_constant_weights(monkeypatch):
     monkeypatch.setattr(kernels, "gemm_packed", lambda *a, **kw: packed.append(1) or real(*a, **kw))
     a = np.linspace(0, 1, rows * k, dtype=np.float32).reshape(rows, k)
     got = ort.InferenceSession(model.SerializeToString()).run(None, {"A": a})[0]
+    np.testing.assert_allclose(got, a @ w, rtol=1e-5, atol=1e-5)
+    assert packed  # not the BLAS: the weight counts as a constant
+
+
+def test_initializers_read_from_a_model_file_stay_constant_weights(monkeypatch, tmp_path):
+    """A model given by path has its large raw_data initializers read straight into the weight
+    store's buffers (reference/weights.read_model_file): those are read-only down to their
+    memory too, so the packed GEMM takes them (it fell back to the BLAS for every MatMul of a
+    decoder loaded from a file, and the step table ran them all as Python steps)."""
+    rows, k, n = 8, 64, 48
+    w = np.linspace(-1, 1, k * n, dtype=np.float32).reshape(k, n)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "W"], ["Y"])], "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [rows, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(w, "W")])
+    path = tmp_path / "matmul.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    packed = []
+    real = kernels.gemm_packed
+    monkeypatch.setattr(kernels, "gemm_packed", lambda *a, **kw: packed.append(1) or real(*a, **kw))
+    a = np.linspace(0, 1, rows * k, dtype=np.float32).reshape(rows, k)
+    got = ort.InferenceSession(str(path)).run(None, {"A": a})[0]
     np.testing.assert_allclose(got, a @ w, rtol=1e-5, atol=1e-5)
     assert packed  # not the BLAS: the weight counts as a constant
