@@ -244,16 +244,31 @@ _RAW_DTYPES = {helper.np_dtype_to_tensor_dtype(np.dtype(t)): np.dtype(t) for t i
     np.uint16, np.uint32, np.uint64, np.bool_)}
 
 
+# element types held in a typed field of their own numpy type when there is no raw_data
+_TYPED_FIELDS = {onnx.TensorProto.FLOAT: ("float_data", np.dtype(np.float32)),
+                 onnx.TensorProto.DOUBLE: ("double_data", np.dtype(np.float64)),
+                 onnx.TensorProto.INT64: ("int64_data", np.dtype(np.int64)),
+                 onnx.TensorProto.INT32: ("int32_data", np.dtype(np.int32))}
+
+
 def tensor_values(tensor: onnx.TensorProto) -> np.ndarray:
-    """tensor_array, read straight from raw_data for a small tensor of a plain numeric type
-    (numpy_helper.to_array took 3x as long, and the passes read hundreds of shape and fill
-    constants)."""
+    """tensor_array, read straight from raw_data (or from the typed field of a float, double,
+    int64 or int32 tensor without it) for a tensor of a plain numeric type
+    (numpy_helper.to_array took 3x as long from raw_data, 20x from float_data, and the passes
+    read hundreds of shape and fill constants)."""
     dtype = _RAW_DTYPES.get(tensor.data_type)
-    if (dtype is None or sys.byteorder != "little" or tensor.data_location != 0
-            or not tensor.HasField("raw_data")):
+    if dtype is None or sys.byteorder != "little" or tensor.data_location != 0:
         return tensor_array(tensor)
-    raw = tensor.raw_data
     shape = tuple(tensor.dims)
+    if not tensor.HasField("raw_data"):
+        typed = _TYPED_FIELDS.get(tensor.data_type)
+        if typed is None or tensor.HasField("segment"):
+            return tensor_array(tensor)
+        values = getattr(tensor, typed[0])
+        if len(values) != math.prod(shape):
+            return tensor_array(tensor)  # its own error names the mismatch
+        return np.array(values, typed[1]).reshape(shape)
+    raw = tensor.raw_data
     if len(raw) != math.prod(shape) * dtype.itemsize:
         return tensor_array(tensor)  # its own error names the mismatch
     return np.frombuffer(raw, dtype).reshape(shape).copy()
@@ -291,6 +306,7 @@ _STORE: ContextVar[WeightStore | None] = ContextVar("weight_store", default=None
 _STORED_DTYPES = {np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int8, np.int16,
                                          np.int32, np.int64, np.uint8, np.uint16, np.uint32,
                                          np.uint64, np.bool_)}
+_TENSOR_TYPES = {t: helper.np_dtype_to_tensor_dtype(t) for t in _STORED_DTYPES}
 
 
 @contextmanager
@@ -309,8 +325,12 @@ def initializer(name: str, array: np.ndarray) -> onnx.TensorProto:
     be moved out again when the pass is done), else numpy_helper.from_array."""
     store = _STORE.get()
     array = np.asarray(array)
-    if (store is None or array.size <= SMALL_TENSOR or array.dtype not in _STORED_DTYPES
-            or sys.byteorder != "little" or array.dtype.byteorder == ">"):
+    plain = (array.dtype in _STORED_DTYPES and sys.byteorder == "little"
+             and array.dtype.byteorder != ">")
+    if plain and array.size <= SMALL_TENSOR:  # as from_array makes it, in a tenth of its time
+        return onnx.TensorProto(name=name, data_type=_TENSOR_TYPES[array.dtype],
+                                dims=array.shape, raw_data=array.tobytes())
+    if store is None or not plain:
         return numpy_helper.from_array(array, name)
     if not (array.flags.c_contiguous and array.flags.owndata):
         array = np.array(array, order="C")  # the store's array is its own, read-only

@@ -2,6 +2,7 @@
 reference op, and its outputs become initializers. Constant nodes become initializers too."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -141,14 +142,22 @@ def _kept(node, arrays, max_elements):
         return None
     if node.op_type != "Constant" and sum(a.size for a in arrays) > max_elements:
         return None  # checked before any TensorProto copy of a large result is made
-    try:
-        for a in arrays:
-            numpy_helper.from_array(a.reshape(-1)[:0])  # a type no TensorProto holds stays a node
-    except (TypeError, ValueError):
-        return None
-    if any(a.dtype == object for a in arrays) or len(arrays) != len(node.output):
-        return None
+    if not all(map(_tensor_holds, {a.dtype for a in arrays})) or len(arrays) != len(node.output):
+        return None  # a type no TensorProto holds stays a node
     return arrays
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_holds(dtype: np.dtype) -> bool:
+    """Whether a TensorProto holds arrays of this dtype (asked once per dtype: from_array cost
+    each folded node as much as making its value)."""
+    if dtype == object:
+        return False
+    try:
+        numpy_helper.from_array(np.empty(0, dtype))
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _filled_elements(values: dict, node) -> int:
