@@ -101,3 +101,26 @@ def test_initializers_read_from_a_model_file_stay_constant_weights(monkeypatch, 
     got = ort.InferenceSession(str(path)).run(None, {"A": a})[0]
     np.testing.assert_allclose(got, a @ w, rtol=1e-5, atol=1e-5)
     assert packed  # not the BLAS: the weight counts as a constant
+
+
+def test_a_decoder_loaded_from_its_file_runs_in_one_step_table(tmp_path):
+    """The tiny Llama-style decoder given by path: after the recording and compiling runs,
+    every step of its prompt runs in C, its MatMuls as packed GEMMs (with weights that were
+    not constants they ran as Python steps through the BLAS)."""
+    from benchmarks import decoders
+    from optimized.plan import C
+
+    model = decoders.build_llama(decoders.SIZES["tiny"])
+    path = tmp_path / "llama.onnx"
+    onnx.save(model, path)
+    tokens = decoders.random_tokens(model, (1, 12), seed=3)
+    feeds = {**decoders.step_feeds(tokens, 0), **decoders.empty_past(model)}
+    session = ort.InferenceSession(str(path))
+    feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
+    first = session.run(None, feeds)
+    for _ in range(2):
+        last = session.run(None, feeds)
+    for a, b in zip(first, last):
+        np.testing.assert_array_equal(a, b)
+    (compiled,) = [p for p in session._plan._programs.values() if p is not None]
+    assert [op[0] for op in compiled.ops] == [C]
