@@ -28,20 +28,49 @@ def load_for_session(path_or_bytes, options) -> tuple[ModelProto, WeightStore]:
     """The model to run, its large initializers as stubs in the store that comes with it."""
     store = WeightStore()
     model, folder = _parse(path_or_bytes, store)
+    if folder is None and not options.external_files and not options.initializers:
+        # bytes or a ModelProto as given: its weights were stored as it was parsed, and one walk
+        # over its tensors makes both checks (each walk cost densenet121 2 ms)
+        refuse_foreign_stubs_and_external_data(model, store, _no_folder(path_or_bytes))
+        fix_free_dimensions(model, options.free_dimensions_by_name,
+                            options.free_dimensions_by_denotation)
+        return model, store
     refuse_foreign_stubs(model, store)
     fill_external_data(model, options.external_files)
     replace_initializers(model, options.initializers)
     if folder is None:
-        how = "the model was given as a ModelProto" if isinstance(path_or_bytes, ModelProto) else \
-            "the model was given as bytes" if isinstance(path_or_bytes, (bytes, bytearray)) else \
-            "the model was given without a path"
-        refuse_external_data(model, how)
+        refuse_external_data(model, _no_folder(path_or_bytes))
     else:
         load_external_data(model, folder)
     fix_free_dimensions(model, options.free_dimensions_by_name, options.free_dimensions_by_denotation)
     detach_initializers(model, store)  # external data, and what the options added
     store.retain(model)  # less what add_initializer replaced
     return model, store
+
+
+def _no_folder(path_or_bytes) -> str:
+    """Why a model has no folder to read external data from."""
+    if isinstance(path_or_bytes, ModelProto):
+        return "the model was given as a ModelProto"
+    if isinstance(path_or_bytes, (bytes, bytearray)):
+        return "the model was given as bytes"
+    return "the model was given without a path"
+
+
+def refuse_foreign_stubs_and_external_data(model: ModelProto, store: WeightStore,
+                                           how: str) -> None:
+    """refuse_foreign_stubs, then refuse_external_data, in one walk over the tensors."""
+    external = None
+    for tensor in model_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        if is_stub(tensor):
+            if store_of(tensor) is not store:
+                refuse_foreign_stubs(model, store)  # raises, naming the tensor
+        elif external is None:
+            external = tensor
+    if external is not None:
+        refuse_external_data(model, how)  # raises, naming the first such tensor
 
 
 def refuse_foreign_stubs(model: ModelProto, store: WeightStore) -> None:
