@@ -577,8 +577,10 @@ class CompiledRun:
     """One signature's run: steps whose values were the same in the recorded run are gone
     (their values kept), consecutive steps that C_STEPS describes run in one plan_run call
     over a StepTable, the others one by one in Python.  C writes intermediate values into one
-    arena, laid out by liveness; a step's outputs never share memory with its inputs.  Graph
-    outputs that C writes get new arrays each run, so no output is overwritten by the next.
+    arena, laid out by liveness; a step's outputs never share memory with its inputs.  A
+    Concat's inputs are written where they lie in its result wherever they can be
+    (_place_concats), so it copies nothing for them.  Graph outputs that C writes get new
+    arrays each run, so no output is overwritten by the next.
 
     Each value that a Python step makes and C reads (or whose shape was worked out once) is
     checked against the recorded run; on a difference the run goes on in Python from there,
