@@ -105,6 +105,19 @@ def test_branches_are_written_into_the_concat_which_copies_nothing():
     assert [op[0] for op in program.ops] == [C]
 
 
+def test_library_convolutions_write_at_offsets_off_any_alignment():
+    # 3x3 convolutions over 9 channels (oneDNN's class where it is available, ours elsewhere):
+    # b starts 5*7*9 floats into the result, a multiple of no vector width
+    nodes = (conv("s", "x", "ws") + conv("a", "s", "wa") + conv("b", "s", "wb")
+             + [helper.make_node("Concat", ["a", "b"], ["cat"], axis=1)] + conv("y", "cat", "wy"))
+    rng = np.random.default_rng(10)
+    inits = weights(rng, ("ws", (9, 2)), ("wa", (5, 9)), ("wb", (11, 9)), ("wy", (3, 16)))
+    model = make_model(nodes, [tensor("x", [1, 2, 7, 9])], [tensor("y")], inits)
+    program, placed = check(model, {"x": rng.standard_normal((1, 2, 7, 9)).astype(np.float32)})
+    assert placed == {"a", "b"}
+    assert concat_entries(program, "cat") == 0
+
+
 def test_a_batch_above_one_is_copied():
     model, feeds = fire_model(batch=2)  # a's rows and b's rows interleave in the result
     program, placed = check(model, feeds)
