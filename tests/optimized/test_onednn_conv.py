@@ -180,6 +180,41 @@ def test_thread_count_invariance(shape, group):
 
 
 @needs_onednn
+@pytest.mark.parametrize("activation", [None, "Relu", "Sigmoid", "Clip"])
+@pytest.mark.parametrize("shape, strides", [((2, 21, 13, 11), [1, 1]),
+                                            ((1, 17, 23, 18), [2, 1]),
+                                            ((3, 8, 9, 2), [1, 2])])
+def test_nhwc_transposes_at_each_thread_count(shape, strides, activation):
+    """The blocked layout's NCHW <-> NHWC transposes (csrc/onednn_conv.c, with the activation
+    in the outgoing one): whole 8x8 tiles and the channels and pixels past them, several
+    64-pixel units per image split across threads, a batch, the residual, and a strided plane
+    whose output has fewer pixels than its input."""
+    rng = np.random.default_rng(10)
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    w = rng.uniform(-1, 1, (19, shape[1], 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 19).astype(np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": strides}
+    plain = expected(x, w, b, None, None, **attrs)
+    residual = rng.uniform(-1, 1, plain.shape).astype(np.float32)
+    before = kernels.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            kernels.set_num_threads(threads)
+            for z in (None, residual):
+                plan = kernels.OneDNNConv(shape, w, b, residual=z is not None,
+                                          activation=activation,
+                                          activation_params=PARAMS.get(activation, ()), **attrs)
+                results.append(plan(x, z))
+    finally:
+        kernels.set_num_threads(before)
+    for got, z in zip(results, (None, residual) * 2):
+        assert_close(got, expected(x, w, b, z, activation, **attrs), w[0].size)
+    np.testing.assert_array_equal(results[0], results[2])
+    np.testing.assert_array_equal(results[1], results[3])
+
+
+@needs_onednn
 def test_native_layout_run_matches():
     rng = np.random.default_rng(6)
     x = rng.uniform(-1, 1, (1, 16, 8, 8)).astype(np.float32)
