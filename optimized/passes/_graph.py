@@ -143,8 +143,17 @@ def consumers(graph) -> dict[str, list]:
 def _consumers(graph) -> dict[str, list]:
     uses: dict[str, list] = {}
     for node in graph.node:
-        for name in dict.fromkeys(node_inputs(node)):
-            uses.setdefault(name, []).append(node)
+        names = node.input
+        for a in node.attribute:
+            if a.type == AttributeProto.GRAPH or a.type == AttributeProto.GRAPHS:
+                names = node_inputs(node)
+                break
+        for name in dict.fromkeys(names) if len(names) > 1 else names:
+            if name:
+                if name in uses:
+                    uses[name].append(node)
+                else:
+                    uses[name] = [node]
     return uses
 
 
