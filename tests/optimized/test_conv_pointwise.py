@@ -195,14 +195,17 @@ def test_nan_propagates_through_relu(kernel):
     assert np.isnan(y).any()
 
 
-@pytest.mark.parametrize("cin, cout, hw, group, kernel, strides", [
-    (64, 200, (13, 11), 1, (1, 1), [1, 1]),    # few column blocks: output channels split
-    (272, 272, (14, 15), 4, (1, 1), [1, 1]),   # grouped
-    (16, 64, (55, 53), 1, (1, 1), [1, 1]),     # many column blocks
-    (3, 24, (64, 57), 1, (3, 3), [2, 2]),      # a stem: bands of output rows
+@pytest.mark.parametrize("cin, cout, hw, group, kernel, strides, batch", [
+    (64, 200, (13, 11), 1, (1, 1), [1, 1], 1),   # one column block: output channels split
+    (64, 200, (37, 35), 1, (1, 1), [1, 1], 1),   # three column blocks, split in two chunks each
+    (64, 200, (13, 11), 1, (1, 1), [1, 1], 2),   # two images: one task each
+    (272, 272, (14, 15), 4, (1, 1), [1, 1], 2),  # grouped
+    (16, 64, (55, 53), 1, (1, 1), [1, 1], 2),    # many column blocks
+    (3, 24, (64, 57), 1, (3, 3), [2, 2], 2),     # a stem: bands of output rows
+    (3, 24, (64, 57), 1, (3, 3), [2, 2], 1),     # one image's stem: its layout on one thread
 ])
-def test_thread_count_invariance(cin, cout, hw, group, kernel, strides, threads):
-    x = arrays(11, 2, cin, *hw)
+def test_thread_count_invariance(cin, cout, hw, group, kernel, strides, batch, threads):
+    x = arrays(11, batch, cin, *hw)
     w = arrays(12, cout, cin // group, *kernel)
     b, attrs = arrays(13, cout), {"group": group, "strides": strides}
     results = []
