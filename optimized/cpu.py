@@ -561,6 +561,13 @@ def _ms_gelu_steps(ins, outs):
     return [kernels.activation_step("Gelu", (), ins[0].slot, outs[0].slot, ins[0].shape)]
 
 
+def _packs(b) -> bool:
+    """Whether a step may pack B once: a constant, as gemm and _matmul ask of it.  Otherwise
+    the step table would pack what the Python kernels multiply through the BLAS, the
+    recording run would find their results differ, and the step would run in Python."""
+    return b.value is not None and _constant(b.value)
+
+
 @_described
 def _gemm_steps(ins, outs, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation=None,
                 activation_alpha=None, activation_beta=None, **legacy):
@@ -569,7 +576,7 @@ def _gemm_steps(ins, outs, *, alpha=1.0, beta=1.0, transA=0, transB=0, activatio
     a, b = ins[:2]
     c = ins[2] if len(ins) > 2 else None
     params = [p for p in (activation_alpha, activation_beta) if p is not None]
-    if len(a.shape) == 2 and packed_rows(a.shape, b.value, transA):
+    if len(a.shape) == 2 and _packs(b) and packed_rows(a.shape, b.value, transA):
         return [kernels.gemm_packed_step(a.slot, a.shape, packed_weights(b.value, transB),
                                          -1 if c is None else c.slot,
                                          None if c is None else c.shape, outs[0].slot,
@@ -593,7 +600,7 @@ def _matmul_steps(ins, outs, *, alpha=1.0, transA=0, transB=0, transBatchA=0, tr
     if transBatchA or transBatchB:
         return None
     a, b = ins[:2]
-    packed = packed_rows(a.shape, b.value, transA)
+    packed = _packs(b) and packed_rows(a.shape, b.value, transA)
     if packed:
         return [kernels.gemm_packed_step(a.slot, (packed, a.shape[-1]),
                                          packed_weights(b.value, transB), -1, None,

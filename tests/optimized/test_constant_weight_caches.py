@@ -103,13 +103,17 @@ def test_initializers_read_from_a_model_file_stay_constant_weights(monkeypatch, 
     assert packed  # not the BLAS: the weight counts as a constant
 
 
-def test_a_decoder_loaded_from_its_file_runs_in_one_step_table(tmp_path):
+def test_a_decoder_loaded_from_its_file_runs_in_one_step_table(monkeypatch, tmp_path):
     """The tiny Llama-style decoder given by path: after the recording and compiling runs,
     every step of its prompt runs in C, its MatMuls as packed GEMMs (with weights that were
     not constants they ran as Python steps through the BLAS)."""
     from benchmarks import decoders
     from optimized.plan import C
 
+    built = []
+    real_step = kernels.gemm_packed_step
+    monkeypatch.setattr(kernels, "gemm_packed_step",
+                        lambda *a, **kw: built.append("gemm_packed_step") or real_step(*a, **kw))
     model = decoders.build_llama(decoders.SIZES["tiny"])
     path = tmp_path / "llama.onnx"
     onnx.save(model, path)
@@ -124,3 +128,6 @@ def test_a_decoder_loaded_from_its_file_runs_in_one_step_table(tmp_path):
         np.testing.assert_array_equal(a, b)
     (compiled,) = [p for p in session._plan._programs.values() if p is not None]
     assert [op[0] for op in compiled.ops] == [C]
+    weights = {t.name for t in model.graph.initializer}
+    over_weights = sum(n.op_type == "MatMul" and n.input[1] in weights for n in model.graph.node)
+    assert over_weights and built.count("gemm_packed_step") >= over_weights  # each described
