@@ -28,6 +28,7 @@ from reference.registry import OpContext, canonical_domain, lookup
 from reference.values import normalize
 
 from . import chains, kernels, onednn_region
+from .output_memory import OutputMemory
 
 log = logging.getLogger(__name__)
 
@@ -588,6 +589,7 @@ class CompiledRun:
 
     def __init__(self, plan: Plan, rec: Recorder):
         self.plan, self.broken = plan, False
+        self.output_memory = OutputMemory()  # this run's new outputs, memory used again
         steps = plan.steps
         outputs = set(plan.output_slots)
         kinds: list[int | None] = []
@@ -840,7 +842,7 @@ class CompiledRun:
             value = slots[s]
             table.bind(s, value if value.flags.c_contiguous else np.ascontiguousarray(value))
         for s, shape, dtype in self.fresh:
-            slots[s] = array = np.empty(shape, dtype)
+            slots[s] = array = self.output_memory.empty(s, shape, dtype)
             table.bind(s, array)
         steps = plan.steps
         for op in self.ops:
