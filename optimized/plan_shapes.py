@@ -326,6 +326,13 @@ class GrowingRun(CompiledRun):
                              for op in self.ops if op[0] == PY
                              for k, guard in enumerate(op[2]) if guard[0] in sizes]
         self.c_steps_grown = len({i for i, *_ in self._patches})
+        # every grown slot's dimensions in one line of numbers: a run works them all out at once
+        self._spans, at = [], 0
+        for s, (base, _, _) in sizes.items():
+            self._spans.append((s, at, at + len(base)))
+            at += len(base)
+        self._dims_base = np.array([b for base, _, _ in sizes.values() for b in base], np.int64)
+        self._dims_slope = np.array([m for _, slope, _ in sizes.values() for m in slope], np.int64)
 
     def _limit(self, base: int, slope: int) -> None:
         bounds = _bounds(base, slope, self._at)
@@ -336,6 +343,11 @@ class GrowingRun(CompiledRun):
     def shape(self, s: int, t: int) -> tuple:
         base, slope, _ = self.sizes[s]
         return tuple(b + m * t for b, m in zip(base, slope))
+
+    def shapes(self, t: int) -> dict[int, tuple]:
+        """Every grown slot's shape at length t (as shape(s, t) for each)."""
+        flat = (self._dims_base + self._dims_slope * t).tolist()
+        return {s: tuple(flat[a:b]) for s, a, b in self._spans}
 
     def _recorder_at(self, t: int):
         rec = self._recorders.get(t)
@@ -369,33 +381,34 @@ class GrowingRun(CompiledRun):
         return described[0]
 
     def run(self, feeds: dict) -> list:
-        t = self._length(feeds)
-        if t is None:
+        on_line = self._length(feeds)
+        if on_line is None:
             plan = self.plan
             slots = plan._slots(feeds)
             plan._run_steps(slots, plan.steps, 0)
             return [slots[s] for s in plan.output_slots]
+        t, shapes = on_line
         self.words[self.word_index] = self.word_base + self.word_slope * t
-        self.fresh = self.fixed_fresh + [(s, self.shape(s, t), dtype)
-                                         for s, dtype in self.grown_fresh]
+        self.fresh = self.fixed_fresh + [(s, shapes[s], dtype) for s, dtype in self.grown_fresh]
         for guards, k, s, dtype, bind in self.grown_guards:
-            guards[k] = (s, self.shape(s, t), dtype, bind)
+            guards[k] = (s, shapes[s], dtype, bind)
         return super().run(feeds)
 
-    def _length(self, feeds: dict) -> int | None:
-        """t for these feeds, or None where a feed is off the line or t out of range."""
+    def _length(self, feeds: dict) -> tuple[int, dict] | None:
+        """t for these feeds and the grown slots' shapes at t, or None where a feed is off the
+        line or t out of range."""
         value = feeds.get(self.line_feed)
         if not isinstance(value, np.ndarray) or value.ndim <= self.line_axis:
             return None
         t = value.shape[self.line_axis]
         if not self.low <= t <= self.high:
             return None
-        names = self.plan.names
+        shapes, names = self.shapes(t), self.plan.names
         for s in self.fed_sizes:
             fed = feeds.get(names[s])
-            if not isinstance(fed, np.ndarray) or fed.shape != self.shape(s, t):
+            if not isinstance(fed, np.ndarray) or fed.shape != shapes[s]:
                 return None
-        return t
+        return t, shapes
 
 
 def _entry_lines(entries: tuple, lengths: tuple) -> list[tuple] | None:
