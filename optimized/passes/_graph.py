@@ -561,23 +561,40 @@ def _lighten(model) -> None:
     """The model made ready for shape inference in place: its large initializers become typed
     inputs, and the fused nodes onnx knows no shapes for become their stand-ins."""
     graph = model.graph
-    small, weights = [], []
-    declared = {i.name for i in graph.input}
-    for i in graph.initializer:
-        if math.prod(i.dims) <= SMALL_CONSTANT:
-            small.append(i)
-        elif i.name not in declared:
-            weights.append(helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)))
-    if len(small) != len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(small)
-        graph.input.extend(weights)
+    initializers = graph.initializer
+    large = [k for k, i in enumerate(initializers) if math.prod(i.dims) > SMALL_CONSTANT]
+    if large:
+        declared = {i.name for i in graph.input}
+        for k in large:
+            if initializers[k].name not in declared:
+                _declare_input(graph, initializers[k])
+        for k in reversed(large):  # in place: the small ones are not copied
+            del initializers[k]
     opset = opset_version(model)
-    if any(_needs_stand_in(node, opset) for node in graph.node):
-        set_nodes(graph, [stand_in for node in graph.node
-                          for stand_in in _shape_stand_ins(node, opset)])
+    nodes = graph.node
+    stand_ins = [(k, _shape_stand_ins(node, opset)) for k, node in enumerate(nodes)
+                 if _needs_stand_in(node, opset)]
+    for k, replacement in reversed(stand_ins):  # in place: the other nodes are not copied
+        if len(replacement) == 1 and replacement[0] is nodes[k]:
+            continue
+        if replacement:
+            for extra in reversed(replacement[1:]):
+                nodes.insert(k + 1, extra)
+            nodes[k].CopyFrom(replacement[0])
+        else:
+            del nodes[k]
     model.ClearField("training_info")
     model.ir_version = max(model.ir_version, 4)
+
+
+def _declare_input(graph, tensor) -> None:
+    """A graph input of the initializer's type and shape (as make_tensor_value_info writes
+    it, without its checks, which cost more than the rest of lightening a model)."""
+    tensor_type = graph.input.add(name=tensor.name).type.tensor_type
+    tensor_type.elem_type = tensor.data_type
+    shape = tensor_type.shape  # a large initializer has at least one axis
+    for d in tensor.dims:
+        shape.dim.add().dim_value = d
 
 
 def _needs_stand_in(node, opset) -> bool:
