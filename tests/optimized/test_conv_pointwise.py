@@ -144,6 +144,12 @@ def test_stem_matches_reference(case):
     (515, 19, (3, 11)),   # three slices, the last partial
     (40, 25, (37, 41)),   # a plane of several column blocks
     (1024, 8, (6, 5)),    # deep and narrow: column blocks of one tile
+    # one or two columns past the last whole tile are dot products over the depth (dot_tail)
+    (96, 200, (7, 7)),    # 49 = 3 x 16 + 1, output channels 6 x 33 + 2
+    (515, 19, (2, 9)),    # 18 = 16 + 2 over three slices, the last of 3 (no whole vector)
+    (300, 13, (1, 2)),    # two columns only; slices of 256 and 44 (5 vectors and 4 more)
+    (37, 9, (3, 6)),      # 18 with a depth of 4 vectors and 5 more
+    (576, 144, (1, 1)),   # a squeeze-excitation 1x1 on a 1x1 plane
 ])
 def test_pointwise_tile_and_slice_edges(cin, cout, hw):
     x = arrays(1, 2, cin, *hw)
@@ -160,6 +166,7 @@ def test_pointwise_tile_and_slice_edges(cin, cout, hw):
     (3, 16, (40, 33), (7, 7), [2, 2], [3, 3, 3, 3]),   # resnet's 7x7
     (1, 5, (9, 1300), (3, 3), [1, 1], [1, 1, 1, 1]),   # rows wider than a column block
     (2, 3, (8, 9), (2, 5), [3, 1], [0, 4, 2, 0]),      # pads past the window, stride > kernel
+    (3, 10, (9, 33), (3, 3), [2, 2], [1, 1, 1, 1]),    # rows of 17: a column past the tile
 ])
 def test_stem_shapes(cin, cout, hw, kernel, strides, pads):
     x = arrays(5, 2, cin, *hw)
@@ -201,6 +208,8 @@ def test_nan_propagates_through_relu(kernel):
     (64, 200, (13, 11), 1, (1, 1), [1, 1], 2),   # two images: one task each
     (272, 272, (14, 15), 4, (1, 1), [1, 1], 2),  # grouped
     (16, 64, (55, 53), 1, (1, 1), [1, 1], 2),    # many column blocks
+    (300, 130, (7, 7), 1, (1, 1), [1, 1], 1),    # a column past the tiles, in dot products
+    (576, 144, (1, 1), 1, (1, 1), [1, 1], 2),    # a plane of one column
     (3, 24, (64, 57), 1, (3, 3), [2, 2], 2),     # a stem: bands of output rows
     (3, 24, (64, 57), 1, (3, 3), [2, 2], 1),     # one image's stem: its layout on one thread
 ])
