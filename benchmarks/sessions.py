@@ -14,10 +14,14 @@ the number of node events and their mean total microseconds per run.
 
     python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes]   # both runtimes' profiles,
                                           # by op type (or op type and input shapes), top first
+    python -m benchmarks.sessions MODEL THREADS --creation   # where one more session's creation
+                                          # spends its CPU time (cProfile, by cumulative time)
 """
 from __future__ import annotations
 
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import tempfile
@@ -84,10 +88,38 @@ def workload(name: str, create, make_profiled, version: str) -> Workload:
                 profiled.run(None, feeds)
             return profile_summary(profiled.end_profiling(), runs, by_shape)
 
+    def creation_profile(top: int = 30) -> dict:
+        return creation_summary(lambda: create(data), top)
+
     return Workload(step=lambda: session.run(None, feeds),
                     info={"creation_seconds": creation, "first_creation_seconds": first,
                           "version": version, "model_bytes": len(data)},
-                    commands={"profile": profile})
+                    commands={"profile": profile, "creation_profile": creation_profile})
+
+
+def creation_summary(create, top: int) -> dict:
+    """CPU seconds of one call of `create` under cProfile (process time, so that other
+    processes on a busy machine do not count), and its `top` functions by cumulative time:
+    [(function, calls, own seconds, cumulative seconds)]."""
+    profiler = cProfile.Profile(time.process_time)
+    start = time.process_time()
+    profiler.enable()
+    create()
+    profiler.disable()
+    total = time.process_time() - start
+    rows = [(f"{Path(file).parent.name}/{Path(file).name}:{line}({function})", calls, own, cumulative)
+            for (file, line, function), (_, calls, own, cumulative, _) in
+            pstats.Stats(profiler).stats.items()]
+    rows.sort(key=lambda row: -row[3])
+    return {"seconds": total, "rows": rows[:top]}
+
+
+def format_creation(summary: dict) -> str:
+    lines = [f"  CPU {summary['seconds'] * 1e3:.1f} ms under the profiler",
+             f"  {'cumulative ms':>13} {'own ms':>8} {'calls':>7}  function"]
+    lines += [f"  {cumulative * 1e3:>13.1f} {own * 1e3:>8.1f} {calls:>7}  {function}"
+              for function, calls, own, cumulative in summary["rows"]]
+    return "\n".join(lines)
 
 
 def optimized(name: str, threads: int, level: int = 99) -> Workload:
@@ -138,17 +170,21 @@ def format_profile(summary: dict[str, dict], top: int = 12) -> str:
 def main(argv: list[str]) -> int:
     from benchmarks.isolated import IsolatedPair, WorkerSpec
 
-    by_shape = "--shapes" in argv
-    argv = [a for a in argv if a != "--shapes"]
+    by_shape, creation = "--shapes" in argv, "--creation" in argv
+    argv = [a for a in argv if a not in ("--shapes", "--creation")]
     if len(argv) not in (2, 3):
-        print("usage: python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes]",
-              file=sys.stderr)
+        print("usage: python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes] "
+              "[--creation]", file=sys.stderr)
         return 2
     name, threads, runs = argv[0], int(argv[1]), int(argv[2]) if len(argv) == 3 else 10
     specs = [WorkerSpec("optimized", "benchmarks.sessions:optimized", (name, threads)),
              WorkerSpec("onnxruntime", "benchmarks.sessions:onnxruntime", (name, threads))]
     with IsolatedPair(specs) as pair:
         for runtime in pair.names:
+            if creation:
+                print(f"{runtime}, {name}, {threads} thread(s), one more session's creation:")
+                print(format_creation(pair.command(runtime, "creation_profile")))
+                continue
             print(f"{runtime}, {name}, {threads} thread(s), mean of {runs} runs:")
             print(format_profile(pair.command(runtime, "profile", runs, by_shape)))
     return 0
