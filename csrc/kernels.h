@@ -32,6 +32,9 @@ enum kernel_reduction { RED_SUM = 0, RED_MEAN = 1, RED_MAX = 2 };
 void kernels_set_num_threads(int n);
 int kernels_get_num_threads(void);
 int kernels_configured_threads(void);
+/* Kernel calls since load that ran on the calling thread alone because the machine counted
+ * as oversubscribed (threads.c). */
+long long kernels_busy_fallbacks(void);
 
 /* y[i] = max(x[i], 0); NaN passes through.  x and y may alias. */
 void relu_f32(const float *x, float *y, size_t n);

@@ -77,9 +77,20 @@ static int machine_is_busy(void)
     return __atomic_load_n(&busy, __ATOMIC_RELAXED);
 }
 
+static long long busy_fallbacks;
+
 int kernels_get_num_threads(void)
 {
-    return num_threads > 1 && machine_is_busy() ? 1 : num_threads;
+    if (num_threads > 1 && machine_is_busy()) {
+        __atomic_fetch_add(&busy_fallbacks, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    return num_threads;
+}
+
+long long kernels_busy_fallbacks(void)
+{
+    return __atomic_load_n(&busy_fallbacks, __ATOMIC_RELAXED);
 }
 
 int threads_for(size_t work)

@@ -120,6 +120,13 @@ def get_num_threads() -> int:
     return lib.kernels_configured_threads()
 
 
+def busy_fallbacks() -> int:
+    """Kernel calls since the extension loaded that ran on the calling thread alone, at a
+    configured thread count above 1, because the machine counted as oversubscribed (the
+    load-average check in csrc/threads.c; ONNX_PARITY_BUSY_MACHINE)."""
+    return lib.kernels_busy_fallbacks()
+
+
 def available_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
