@@ -5,9 +5,10 @@
  * packed weights per 4 rows of a (per row off that path), dequantized in registers (AVX2+FMA
  * when the CPU has it, else portable C), split over n in chunks across the OpenMP threads.
  * Prefill: each thread dequantizes a panel of weight rows into float32 and runs it against all of
- * a, so no full float copy of the weights ever exists: on the AVX2 path (block_size a multiple
- * of 32) as 16 columns packed for a 6 x 16 register tile (gemm_packed_avx2), else through a
- * single-threaded BLAS GEMM a panel. */
+ * a, so no full float copy of the weights ever exists: with AVX2 (blocks of whole 8-byte
+ * groups of codes: 2 bits from blocks of 32, 4 bits from 16, 8 bits) as 16 columns packed for a
+ * 6 x 16 register tile, a chunk of k at a time (gemm_packed_avx2), each output summed in one
+ * order whatever the thread count; else through a single-threaded BLAS GEMM a panel. */
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
@@ -263,41 +264,6 @@ AVX2 static void gemv8_avx2(const nbits_weights *w, const float *a_pad, float *y
         y[r] = hsum256(acc);
     }
 }
-
-/* Weight row `row` as floats (dequant_row's result) for 4-bit codes in blocks of a multiple
- * of 32, or 8-bit codes in blocks of a multiple of 16. */
-AVX2 static void dequant_row_avx2(const nbits_weights *w, int row, float *out, float *zps)
-{
-    const uint8_t *q = w->b + (size_t)row * w->n_blocks * w->blob;
-    const float *sc = w->scales + (size_t)row * w->n_blocks;
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    row_zero_points(w, row, zps);
-    for (int blk = 0; blk < w->n_blocks; ++blk) {
-        __m256 zp = _mm256_set1_ps(zps[blk]), scale = _mm256_set1_ps(sc[blk]);
-        float *o = out + (size_t)blk * w->block_size;
-        if (w->bits == 4) {
-            for (int c = 0; c < w->block_size / 32; ++c, q += 16, o += 32) {
-                __m128i bytes = _mm_loadu_si128((const __m128i *)q);
-                __m128i lo = _mm_and_si128(bytes, low4);
-                __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
-                __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
-                __m128i parts[4] = {first, _mm_srli_si128(first, 8), second,
-                                    _mm_srli_si128(second, 8)};
-                for (int p = 0; p < 4; ++p)
-                    _mm256_storeu_ps(o + 8 * p,
-                                     _mm256_mul_ps(_mm256_sub_ps(bytes_to_ps(parts[p]), zp), scale));
-            }
-        } else {
-            for (int c = 0; c < w->block_size / 16; ++c, q += 16, o += 16) {
-                __m128i bytes = _mm_loadu_si128((const __m128i *)q);
-                _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_sub_ps(bytes_to_ps(bytes), zp), scale));
-                _mm256_storeu_ps(o + 8, _mm256_mul_ps(
-                    _mm256_sub_ps(bytes_to_ps(_mm_srli_si128(bytes, 8)), zp), scale));
-            }
-        }
-    }
-    for (int i = w->k; i < w->n_blocks * w->block_size; ++i) out[i] = 0.0f; /* as dequant_row */
-}
 #endif
 
 enum gemv_path { PATH_PORTABLE = 0, PATH_AVX2_4BIT = 1, PATH_AVX2_8BIT = 2 };
@@ -384,10 +350,9 @@ static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, in
 
 /* --- prefill: dequantized panels of weight rows, one BLAS GEMM each -------------------- */
 
-static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, int allow_simd)
+static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y)
 {
-    int padded = w->n_blocks * w->block_size, path = gemv_path(w, allow_simd);
-    (void)path; /* read by the x86-64 code only */
+    int padded = w->n_blocks * w->block_size;
     /* 64-bit: a padded row of more than 2^29 floats is more than 2^31 bytes */
     int64_t row_bytes = (int64_t)padded * (int64_t)sizeof(float);
     int64_t rows = PANEL_BYTES / row_bytes;
@@ -420,15 +385,8 @@ static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, 
             if (panel == NULL || zps == NULL)
                 continue;
             int row0 = p * rows, count = w->n - row0 < rows ? w->n - row0 : rows;
-            for (int r = 0; r < count; ++r) {
-                float *dst = panel + (size_t)r * padded;
-#if defined(__x86_64__)
-                if (path != PATH_PORTABLE && w->block_size % 32 == 0)
-                    dequant_row_avx2(w, row0 + r, dst, zps);
-                else
-#endif
-                    dequant_row(w, row0 + r, dst, zps);
-            }
+            for (int r = 0; r < count; ++r)
+                dequant_row(w, row0 + r, panel + (size_t)r * padded, zps);
             /* y[:, row0:row0+count] = a (m x k) @ panel^T; panel rows are padded past k */
             gemm_block(0, 1, m, count, w->k, 1.0f, a, w->k, panel, padded, 0.0f,
                        y + row0, w->n);
@@ -441,64 +399,136 @@ static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y, 
 
 /* --- prefill on AVX2: dequantized weights packed for a register tile ------------------- */
 #if defined(__x86_64__)
-/* Each thread dequantizes PACK_COLS weight rows (output columns) at a time (dequant_row_avx2)
- * and transposes them into a panel of k rows of PACK_COLS floats; tiles of TILE_ROWS rows of a
- * then run over it, 12 vector accumulators of outputs (a broadcast, two panel loads, twelve
- * FMAs a step of k), in chunks of K_CHUNK steps so that a chunk of the panel stays in L1.  Every
- * output is one sum in k order, whatever the thread count.  (A BLAS GEMM on dequantized panels
- * packed a and each panel again on every call.) */
-enum { PACK_COLS = 16, TILE_ROWS = 6, K_CHUNK = 256 };
+/* Weight rows (output columns) are taken PACK_COLS at a time.  Their codes are dequantized in
+ * registers, 8 rows by 8 values of k, and transposed there into a panel of k rows of PACK_COLS
+ * floats; tiles of TILE_ROWS rows of a then run over it, 12 vector accumulators of outputs (a
+ * broadcast, two panel loads, twelve FMAs a step of k).  k is taken in chunks of about K_CHUNK
+ * (whole blocks), so that a chunk of panel stays in L1 and a chunk of a in L2 while a group of
+ * panels uses it; each output is one sum in k order, whatever the chunks or the thread count.
+ * (Dequantizing whole rows into a buffer and transposing them afterwards took about 12% of
+ * the time at m = 128, k = 512: 64 KiB of buffers in a 32 KiB L1.) */
+enum { PACK_COLS = 16, TILE_ROWS = 6, K_CHUNK = 256, GROUP_PANELS = 8 };
 
-/* Columns kk..kk+7 of 8 rows (ld apart) as 8 rows of 8: dst[c * PACK_COLS + r] = src[r][c]. */
-AVX2 static inline __attribute__((always_inline)) void transpose8(const float *src, size_t ld,
-                                                                  float *dst)
+/* The zero point of weight row `row`, block `blk`, as a float. */
+static inline float block_zero_point(const nbits_weights *w, int row, int blk)
 {
-    __m256 r[8], t[8], u[8];
-    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    if (w->zp_float != NULL)
+        return w->zp_float[(size_t)row * w->n_blocks + blk];
+    if (w->zp_packed == NULL)
+        return (float)(1 << (w->bits - 1));
+    const uint8_t *packed = w->zp_packed + (size_t)row * w->zp_row_bytes;
+    if (w->bits == 8)
+        return (float)packed[blk];
+    if (w->bits == 4)
+        return (float)((packed[blk >> 1] >> ((blk & 1) * 4)) & 15);
+    return (float)((packed[blk >> 2] >> ((blk & 3) * 2)) & 3);
+}
+
+/* The code bytes at q[r] + at of 8 weight rows r, 4 * dwords of them (dwords 4 or 2), as
+ * `dwords` vectors of one dword per row: out[d] lane r = dword d of row r. */
+AVX2 static inline __attribute__((always_inline)) void dwords_by_row(
+    const uint8_t *const q[8], size_t at, const int dwords, __m256i out[4])
+{
+    __m256i y[4], t[4];
+    for (int r = 0; r < 4; ++r) {
+        __m128i low = dwords == 4 ? _mm_loadu_si128((const __m128i *)(q[r] + at))
+                                  : _mm_loadl_epi64((const __m128i *)(q[r] + at));
+        __m128i high = dwords == 4 ? _mm_loadu_si128((const __m128i *)(q[r + 4] + at))
+                                   : _mm_loadl_epi64((const __m128i *)(q[r + 4] + at));
+        y[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1);
     }
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int c = 0; c < 4; ++c) {
-        _mm256_storeu_ps(dst + c * PACK_COLS, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
-        _mm256_storeu_ps(dst + (c + 4) * PACK_COLS, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+    t[0] = _mm256_unpacklo_epi32(y[0], y[1]);
+    t[2] = _mm256_unpacklo_epi32(y[2], y[3]);
+    out[0] = _mm256_unpacklo_epi64(t[0], t[2]);
+    out[1] = _mm256_unpackhi_epi64(t[0], t[2]);
+    if (dwords == 4) {
+        t[1] = _mm256_unpackhi_epi32(y[0], y[1]);
+        t[3] = _mm256_unpackhi_epi32(y[2], y[3]);
+        out[2] = _mm256_unpacklo_epi64(t[1], t[3]);
+        out[3] = _mm256_unpackhi_epi64(t[1], t[3]);
     }
 }
 
-/* The panel of weight rows row0 .. row0 + count - 1 (count <= PACK_COLS; zeros for the rest):
- * panel[kk * PACK_COLS + j] = w[row0 + j][kk] for kk < padded.  rows: scratch of PACK_COLS
- * dequantized rows. */
-AVX2 static void pack_panel_avx2(const nbits_weights *w, int row0, int count, int padded,
-                                 float *rows, float *zps, float *panel)
+/* Dequantized steps of k for the `dwords` dwords of codes of 8 weight rows (dwords_by_row),
+ * stored a half row of the panel (PACK_COLS apart) each: (code - zero point) * scale, as the
+ * reference's float32 does. */
+AVX2 static inline __attribute__((always_inline)) void dequant_dwords(
+    const __m256i d[4], const int dwords, const int bits, __m256 zp, __m256 scale, float *dst)
 {
-    for (int j = 0; j < PACK_COLS; ++j) {
-        float *dst = rows + (size_t)j * padded;
-        if (j < count)
-            dequant_row_avx2(w, row0 + j, dst, zps);
-        else
-            memset(dst, 0, (size_t)padded * sizeof(float));
-    }
-    for (int kk = 0; kk < padded; kk += 8)
-        for (int j = 0; j < PACK_COLS; j += 8)
-            transpose8(rows + (size_t)j * padded + kk, (size_t)padded,
-                       panel + (size_t)kk * PACK_COLS + j);
+    const int per_dword = 32 / bits;
+    const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
+    for (int i = 0; i < dwords; ++i)
+        for (int s = 0; s < per_dword; ++s) {
+            __m256i codes = _mm256_and_si256(_mm256_srli_epi32(d[i], s * bits), mask);
+            __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(codes), zp), scale);
+            _mm256_storeu_ps(dst + (size_t)(i * per_dword + s) * PACK_COLS, v);
+        }
 }
 
-/* c[i * PACK_COLS + j] (+)= sum over kk < len of a[i * lda + kk] * panel[kk * PACK_COLS + j]
- * for i < rows; `first` starts from zero. */
+/* panel[(kk - blk0 * block_size) * PACK_COLS + j] = w[row0 + j][kk] for kk in blocks
+ * [blk0, blk1) and j < PACK_COLS: zeros for j >= count (their codes read from row0, times a
+ * zero scale) and for kk >= k (padding codes may meet an inf scale, and a's zeros there).
+ * 16 code bytes (or a block's last 8) of 8 weight rows at a time become one dword per row in
+ * each of 4 (or 2) vectors (dwords_by_row), so that each shift and mask gives one step of k
+ * across the 8 rows (dequant_dwords). */
+AVX2 static inline __attribute__((always_inline)) void pack_chunk(
+    const nbits_weights *w, int row0, int count, int blk0, int blk1, float *panel,
+    const int bits)
+{
+    size_t row_bytes = (size_t)w->n_blocks * w->blob;
+    for (int g = 0; g < PACK_COLS; g += 8) {
+        const uint8_t *q[8];
+        for (int r = 0; r < 8; ++r)
+            q[r] = w->b + (size_t)(g + r < count ? row0 + g + r : row0) * row_bytes;
+        for (int blk = blk0; blk < blk1; ++blk) {
+            float zps[8], scs[8];
+            for (int r = 0; r < 8; ++r) {
+                int present = g + r < count, row = row0 + g + r;
+                zps[r] = present ? block_zero_point(w, row, blk) : 0.0f;
+                scs[r] = present ? w->scales[(size_t)row * w->n_blocks + blk] : 0.0f;
+            }
+            __m256 zp = _mm256_loadu_ps(zps), scale = _mm256_loadu_ps(scs);
+            float *dst = panel + (size_t)(blk - blk0) * w->block_size * PACK_COLS + g;
+            __m256i d[4];
+            int at = 0;
+            for (; at + 16 <= w->blob; at += 16, dst += (size_t)128 / bits * PACK_COLS) {
+                dwords_by_row(q, (size_t)blk * w->blob + at, 4, d);
+                dequant_dwords(d, 4, bits, zp, scale, dst);
+            }
+            if (at < w->blob) { /* 8 bytes left: a block of 16 4-bit or 32 2-bit codes */
+                dwords_by_row(q, (size_t)blk * w->blob + at, 2, d);
+                dequant_dwords(d, 2, bits, zp, scale, dst);
+            }
+        }
+    }
+    int end = blk1 * w->block_size;
+    if (end > w->k)
+        memset(panel + (size_t)(w->k - blk0 * w->block_size) * PACK_COLS, 0,
+               (size_t)(end - w->k) * PACK_COLS * sizeof(float));
+}
+
+AVX2 static void pack_chunk_avx2(const nbits_weights *w, int row0, int count, int blk0,
+                                 int blk1, float *panel)
+{
+    if (w->bits == 4)
+        pack_chunk(w, row0, count, blk0, blk1, panel, 4);
+    else if (w->bits == 8)
+        pack_chunk(w, row0, count, blk0, blk1, panel, 8);
+    else
+        pack_chunk(w, row0, count, blk0, blk1, panel, 2);
+}
+
+/* to[i * ldt + j] = from[i * PACK_COLS + j] (zero where from is NULL) + sum over kk < len of
+ * a[i * lda + kk] * panel[kk * PACK_COLS + j], for i < rows and j < PACK_COLS. */
 AVX2 static inline __attribute__((always_inline)) void panel_tile(
-    const float *a, size_t lda, const float *panel, int len, float *c, int first, const int rows)
+    const float *a, size_t lda, const float *panel, int len, const float *from, float *to,
+    size_t ldt, const int rows)
 {
     __m256 acc[TILE_ROWS][2];
     for (int i = 0; i < rows; ++i) {
-        acc[i][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * PACK_COLS);
-        acc[i][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * PACK_COLS + 8);
+        acc[i][0] = from == NULL ? _mm256_setzero_ps() : _mm256_loadu_ps(from + i * PACK_COLS);
+        acc[i][1] = from == NULL ? _mm256_setzero_ps()
+                                 : _mm256_loadu_ps(from + i * PACK_COLS + 8);
     }
     for (int kk = 0; kk < len; ++kk) {
         __m256 b0 = _mm256_loadu_ps(panel + kk * PACK_COLS);
@@ -510,74 +540,108 @@ AVX2 static inline __attribute__((always_inline)) void panel_tile(
         }
     }
     for (int i = 0; i < rows; ++i) {
-        _mm256_storeu_ps(c + i * PACK_COLS, acc[i][0]);
-        _mm256_storeu_ps(c + i * PACK_COLS + 8, acc[i][1]);
+        _mm256_storeu_ps(to + i * ldt, acc[i][0]);
+        _mm256_storeu_ps(to + i * ldt + 8, acc[i][1]);
     }
 }
 
-/* y[i][0 .. count) = a_pad row i (padded floats) @ the panel, y's rows ldy apart; c: scratch
- * of m * PACK_COLS floats. */
-AVX2 static void panel_product_avx2(const float *a_pad, int m, int padded, const float *panel,
-                                    float *c, float *y, size_t ldy, int count)
+/* to (m rows, ldt apart, of PACK_COLS) = from (m rows of PACK_COLS, or zeros where NULL)
+ * + a[:, k0 : k0 + len] (rows lda apart) @ the panel chunk. */
+AVX2 static void panel_product_avx2(const float *a, size_t lda, int m, int k0, int len,
+                                    const float *panel, const float *from, float *to,
+                                    size_t ldt)
 {
-    for (int k0 = 0; k0 < padded; k0 += K_CHUNK) {
-        int len = padded - k0 < K_CHUNK ? padded - k0 : K_CHUNK, first = k0 == 0;
-        const float *p = panel + (size_t)k0 * PACK_COLS;
-        for (int i = 0; i < m; i += TILE_ROWS) {
-            const float *ai = a_pad + (size_t)i * padded + k0;
-            float *ci = c + (size_t)i * PACK_COLS;
-            switch (m - i < TILE_ROWS ? m - i : TILE_ROWS) {
-            case 1: panel_tile(ai, padded, p, len, ci, first, 1); break;
-            case 2: panel_tile(ai, padded, p, len, ci, first, 2); break;
-            case 3: panel_tile(ai, padded, p, len, ci, first, 3); break;
-            case 4: panel_tile(ai, padded, p, len, ci, first, 4); break;
-            case 5: panel_tile(ai, padded, p, len, ci, first, 5); break;
-            default: panel_tile(ai, padded, p, len, ci, first, TILE_ROWS); break;
-            }
+    for (int i = 0; i < m; i += TILE_ROWS) {
+        const float *ai = a + (size_t)i * lda + k0;
+        const float *fi = from == NULL ? NULL : from + (size_t)i * PACK_COLS;
+        float *ti = to + (size_t)i * ldt;
+        switch (m - i < TILE_ROWS ? m - i : TILE_ROWS) {
+        case 1: panel_tile(ai, lda, panel, len, fi, ti, ldt, 1); break;
+        case 2: panel_tile(ai, lda, panel, len, fi, ti, ldt, 2); break;
+        case 3: panel_tile(ai, lda, panel, len, fi, ti, ldt, 3); break;
+        case 4: panel_tile(ai, lda, panel, len, fi, ti, ldt, 4); break;
+        case 5: panel_tile(ai, lda, panel, len, fi, ti, ldt, 5); break;
+        default: panel_tile(ai, lda, panel, len, fi, ti, ldt, TILE_ROWS); break;
         }
     }
-    for (int i = 0; i < m; ++i)
-        memcpy(y + (size_t)i * ldy, c + (size_t)i * PACK_COLS, (size_t)count * sizeof(float));
 }
 
-/* Prefill on the AVX2 dequantizing path (block_size a multiple of 32): a copied once with
- * zeros past k (padding codes dequantize to finite values), threads taking panels as they come
- * free. */
+/* Weight rows [row0, row0 + cols) (at most GROUP_PANELS panels) against all of a: chunk by
+ * chunk of k, each panel's chunk dequantized once and run against every row of a, so that
+ * the chunk of a stays in cache for the whole group.  Sums carried between chunks wait in c
+ * (m * PACK_COLS floats a panel); the last chunk's go straight to y where the panel is whole.
+ * panel: scratch of chunk_blocks * block_size * PACK_COLS floats. */
+AVX2 static void group_product_avx2(const nbits_weights *w, const float *a, size_t lda, int m,
+                                    int row0, int cols, int chunk_blocks, float *panel,
+                                    float *c, float *y)
+{
+    int panels = (cols + PACK_COLS - 1) / PACK_COLS;
+    for (int blk0 = 0; blk0 < w->n_blocks; blk0 += chunk_blocks) {
+        int blk1 = w->n_blocks - blk0 < chunk_blocks ? w->n_blocks : blk0 + chunk_blocks;
+        int k0 = blk0 * w->block_size, len = (blk1 - blk0) * w->block_size;
+        for (int p = 0; p < panels; ++p) {
+            int first = row0 + p * PACK_COLS;
+            int count = cols - p * PACK_COLS < PACK_COLS ? cols - p * PACK_COLS : PACK_COLS;
+            float *cp = c + (size_t)p * m * PACK_COLS;
+            pack_chunk_avx2(w, first, count, blk0, blk1, panel);
+            const float *from = blk0 == 0 ? NULL : cp;
+            if (blk1 == w->n_blocks && count == PACK_COLS) {
+                panel_product_avx2(a, lda, m, k0, len, panel, from, y + first, (size_t)w->n);
+                continue;
+            }
+            panel_product_avx2(a, lda, m, k0, len, panel, from, cp, PACK_COLS);
+            if (blk1 == w->n_blocks)
+                for (int i = 0; i < m; ++i)
+                    memcpy(y + (size_t)i * w->n + first, cp + (size_t)i * PACK_COLS,
+                           (size_t)count * sizeof(float));
+        }
+    }
+}
+
+/* Prefill on the AVX2 dequantizing path (blocks of whole 8-byte groups of codes): a read in
+ * place when k is whole blocks, else copied once with zeros past k; threads taking groups of
+ * panels as they come free. */
 static int gemm_packed_avx2(const nbits_weights *w, const float *a, int m, float *y)
 {
     int padded = w->n_blocks * w->block_size;
-    float *a_pad = malloc((size_t)m * padded * sizeof(float));
-    if (a_pad == NULL)
-        return -1;
-    for (int i = 0; i < m; ++i)
-        arrange_a(a + (size_t)i * w->k, w->k, padded, a_pad + (size_t)i * padded);
+    float *a_pad = NULL;
+    if (padded != w->k) {
+        a_pad = malloc((size_t)m * padded * sizeof(float));
+        if (a_pad == NULL)
+            return -1;
+        for (int i = 0; i < m; ++i)
+            arrange_a(a + (size_t)i * w->k, w->k, padded, a_pad + (size_t)i * padded);
+    }
+    const float *a_rows = a_pad != NULL ? a_pad : a;
+    int chunk_blocks = K_CHUNK / w->block_size > 0 ? K_CHUNK / w->block_size : 1;
     int panels = (w->n + PACK_COLS - 1) / PACK_COLS;
     int threads = threads_for((size_t)m * w->n * padded / 4);
     threads = threads < panels ? threads : panels;
+    /* about 8 groups a thread, so that threads taking them as they come free stay level */
+    int group = panels / (8 * threads);
+    group = group < 1 ? 1 : group > GROUP_PANELS ? GROUP_PANELS : group;
+    int groups = (panels + group - 1) / group;
     int status = 0;
     #pragma omp parallel num_threads(threads)
     {
-        float *rows = malloc((size_t)2 * PACK_COLS * padded * sizeof(float));
-        float *c = malloc((size_t)m * PACK_COLS * sizeof(float));
-        float *zps = malloc((size_t)w->n_blocks * sizeof(float));
-        if (rows == NULL || c == NULL || zps == NULL) {
+        float *panel = malloc((size_t)chunk_blocks * w->block_size * PACK_COLS * sizeof(float));
+        float *c = malloc((size_t)m * group * PACK_COLS * sizeof(float));
+        if (panel == NULL || c == NULL) {
             #pragma omp atomic write
             status = -1;
         }
         /* every thread meets the omp for, as OpenMP requires of a team, buffers or not */
         #pragma omp for schedule(dynamic, 1)
-        for (int p = 0; p < panels; ++p) {
-            if (rows == NULL || c == NULL || zps == NULL)
+        for (int g = 0; g < groups; ++g) {
+            if (panel == NULL || c == NULL)
                 continue;
-            float *panel = rows + (size_t)PACK_COLS * padded;
-            int row0 = p * PACK_COLS;
-            int count = w->n - row0 < PACK_COLS ? w->n - row0 : PACK_COLS;
-            pack_panel_avx2(w, row0, count, padded, rows, zps, panel);
-            panel_product_avx2(a_pad, m, padded, panel, c, y + row0, (size_t)w->n, count);
+            int row0 = g * group * PACK_COLS;
+            int cols = w->n - row0 < group * PACK_COLS ? w->n - row0 : group * PACK_COLS;
+            group_product_avx2(w, a_rows, (size_t)padded, m, row0, cols, chunk_blocks, panel,
+                               c, y);
         }
-        free(rows);
+        free(panel);
         free(c);
-        free(zps);
     }
     free(a_pad);
     return status;
@@ -599,16 +663,15 @@ int matmul_nbits_f32(const float *a, const uint8_t *b, const float *scales,
     } else {
         int gemv_max = gemv_path(&w, allow_simd) == PATH_AVX2_4BIT ? 2 * A_ROWS_PER_PASS
                                                                    : GEMV_MAX_ROWS;
-        int path = gemv_path(&w, allow_simd), status;
-        (void)path; /* read by the x86-64 code only */
+        int status;
         if (m <= gemv_max)
             status = gemv_rows(&w, a, m, y, allow_simd);
 #if defined(__x86_64__)
-        else if (path != PATH_PORTABLE && w.block_size % 32 == 0)
+        else if (allow_simd && have_avx2() && w.blob % 8 == 0)
             status = gemm_packed_avx2(&w, a, m, y);
 #endif
         else
-            status = gemm_panels(&w, a, m, y, allow_simd);
+            status = gemm_panels(&w, a, m, y);
         if (status != 0)
             return status;
     }
