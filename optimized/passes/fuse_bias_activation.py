@@ -156,18 +156,23 @@ def _fused_conv_residual(conv, add, uses, outputs, constants, shapes, opset):
 
 
 def _fused_with_activation(node, act, params):
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    attrs["activation"] = act.op_type
+    added = {"activation": act.op_type}
     if node.op_type == "Conv":
         if params:
-            attrs["activation_params"] = [float(p) for p in params]
+            added["activation_params"] = [float(p) for p in params]
         op_type = "FusedConv"
     else:
         for name, value in zip(("activation_alpha", "activation_beta"), params):
-            attrs[name] = float(value)
+            added[name] = float(value)
         op_type = "FusedGemm"
-    return helper.make_node(op_type, list(node.input), [act.output[0]],
-                            name=node.name or act.name, domain=MS_DOMAIN, **attrs)
+    # the node's own attributes are copied as they are (remaking each through make_attribute
+    # cost densenet121's session 6 ms), in name order as make_node writes them
+    attributes = [a for a in node.attribute if a.name not in added]
+    attributes += [helper.make_attribute(name, value) for name, value in added.items()]
+    fused = onnx.NodeProto(op_type=op_type, domain=MS_DOMAIN, name=node.name or act.name,
+                           input=node.input, output=[act.output[0]])
+    fused.attribute.extend(sorted(attributes, key=lambda a: a.name))
+    return fused
 
 
 def _fused_matmul(matmul, scale_node, constants, shapes):
