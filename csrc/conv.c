@@ -63,15 +63,6 @@ static int is_pointwise(const struct conv_geometry *g)
            g->pad_top == 0 && g->pad_left == 0 && g->out_h == g->in_h && g->out_w == g->in_w;
 }
 
-/* Deep 1x1 convolutions on small planes (1024 -> 128 at 7x7 in densenet121, 2048 -> 512 in
- * resnet50) measured 2-10% faster through OpenBLAS than conv_pointwise_avx2, whose last tile
- * of a 49-position plane holds one column; every other 1x1 shape measured took the fused
- * kernel, 0.6-0.95x the time (H3 notes, session 21). */
-static int pointwise_by_blas(int64_t depth, size_t plane)
-{
-    return depth >= 1024 && plane <= 64;
-}
-
 /* y[c, j] = act(y[c, j] + bias[c] + residual[c, j]) for channels [0, channels) and output
  * positions j in [start, start + count); y and residual have planes of `plane`. */
 VECTOR_CLONES
@@ -241,7 +232,11 @@ int conv2d_f32(const float *x, int64_t batch, int64_t in_c, int64_t in_h, int64_
         return conv_depthwise3x3(x, &g, batch, group, w, out_c, y, &o);
     if (g.channels == 1 && group > 1 && phased_fits(&g, in_plane, plane))
         return conv_depthwise_phased(x, &g, batch, group, w, out_c, y, &o);
-    if (depth > 0 && conv_avx2_available() && is_pointwise(&g) && !pointwise_by_blas(depth, plane))
+    /* every 1x1 shape measured ran faster here than through OpenBLAS plus the output pass,
+     * deep ones on 7x7 planes too since conv_pointwise_avx2 takes a 49-position plane's last
+     * column as dot products (1 thread, CPU-time min under load, three runs: 2048 -> 512 at
+     * 7x7 1.42-1.51 ms against OpenBLAS's 1.54-1.99, 1024 -> 352 0.46-0.62 against 0.60-0.69) */
+    if (depth > 0 && conv_avx2_available() && is_pointwise(&g))
         return conv_pointwise_avx2(x, batch, in_c, group, w, out_c, plane, y, &o);
     if (depth > 0 && conv_avx2_available() && group == 1 && g.channels < 8 && stem_fits(&g))
         return conv_stem_avx2(x, &g, batch, w, out_c, y, &o);

@@ -150,6 +150,7 @@ def test_stem_matches_reference(case):
     (300, 13, (1, 2)),    # two columns only; slices of 256 and 44 (5 vectors and 4 more)
     (37, 9, (3, 6)),      # 18 with a depth of 4 vectors and 5 more
     (576, 144, (1, 1)),   # a squeeze-excitation 1x1 on a 1x1 plane
+    (1030, 20, (7, 7)),   # deep on a 7x7 plane (was OpenBLAS's): five slices, the last of 6
 ])
 def test_pointwise_tile_and_slice_edges(cin, cout, hw):
     x = arrays(1, 2, cin, *hw)
@@ -210,6 +211,7 @@ def test_nan_propagates_through_relu(kernel):
     (16, 64, (55, 53), 1, (1, 1), [1, 1], 2),    # many column blocks
     (300, 130, (7, 7), 1, (1, 1), [1, 1], 1),    # a column past the tiles, in dot products
     (576, 144, (1, 1), 1, (1, 1), [1, 1], 2),    # a plane of one column
+    (1100, 40, (7, 7), 1, (1, 1), [1, 1], 1),    # deep on a 7x7 plane
     (3, 24, (64, 57), 1, (3, 3), [2, 2], 2),     # a stem: bands of output rows
     (3, 24, (64, 57), 1, (3, 3), [2, 2], 1),     # one image's stem: its layout on one thread
 ])
