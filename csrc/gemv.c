@@ -20,6 +20,16 @@
  * machine needs to stream on both cores, and wants measuring there. */
 enum { GEMV_MIN_BYTES_PER_THREAD = 1 << 17, GEMV_ROW_ALIGN = 8 };
 
+/* A weight stored k x n whose rows are short (a decoder's 512 x 128 k/v projection, its
+ * 1408 x 512 down projection) is cut by its rows into parts, not by its columns: a thread then
+ * streams whole rows, one contiguous run of memory, where a split by columns gave each thread
+ * a short piece of every row (on 2 threads, 256 bytes of each 512-byte row) and both threads
+ * touched every page.  Each part is summed on its own into a buffer on the caller's stack
+ * (GEMV_PART_FLOATS: m * n * parts at most) and the parts are added in order; their number
+ * (a power of two, at most GEMV_MAX_PARTS, parts of GEMV_PART_ROWS rows or more) and rows come
+ * from the shape alone, so the result does not depend on the threads. */
+enum { GEMV_PART_FLOATS = 16384, GEMV_PART_ROWS = 64, GEMV_MAX_PARTS = 16 };
+
 /* out[i * n_out + r] = dot(a row i, w row r), r < rows, i < m (portable). */
 static void dots_portable(const float *w, int64_t k, int rows, const float *a, int64_t lda, int m,
                           float *out, int n_out)
@@ -271,6 +281,58 @@ static void gemv_range(const gemv_args *g, int64_t start, int64_t len)
                              g->act_beta);
 }
 
+/* Rows per part where b (k x n) is cut by rows for m rows of a, or 0 where it is not. */
+static int64_t part_rows(int m, int64_t n, int64_t k)
+{
+    int64_t most = k / GEMV_PART_ROWS, room = GEMV_PART_FLOATS / ((int64_t)m * (n > 0 ? n : 1));
+    if (most > room) most = room;
+    int64_t parts = 1;
+    while (parts * 2 <= most && parts * 2 <= GEMV_MAX_PARTS)
+        parts *= 2; /* a power of two: as many parts on each of 2, 4 or 8 threads */
+    if (parts < 2)
+        return 0;
+    return ((k + parts - 1) / parts + 7) / 8 * 8;
+}
+
+/* The sums over rows [t0, t0 + rows) of b for every column, into part (m x n). */
+static void k_part(const gemv_args *g, int64_t t0, int64_t rows, float *part)
+{
+    for (int64_t i = 0; i < g->m * g->n; ++i)
+        part[i] = 0.0f;
+#if defined(__x86_64__)
+    if (g->simd)
+        axpy_avx2(g->b + t0 * g->n, g->n, rows, (int)g->n, g->a + t0, g->lda, g->m, part);
+    else
+#endif
+        axpy_portable(g->b + t0 * g->n, g->n, rows, (int)g->n, g->a + t0, g->lda, g->m, part);
+}
+
+/* y from b stored k x n cut into parts of `rows` rows (see GEMV_PART_FLOATS), each thread
+ * taking a contiguous range of them; the parts are then added in order. */
+static void gemv_by_rows(const gemv_args *g, int64_t rows, int threads)
+{
+    float sums[GEMV_PART_FLOATS];
+    int64_t size = (int64_t)g->m * g->n, parts = (g->k + rows - 1) / rows;
+    if (threads > parts)
+        threads = (int)parts;
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
+        for (int64_t p = t * parts / count; p < (t + 1) * parts / count; ++p) {
+            int64_t t0 = p * rows;
+            k_part(g, t0, g->k - t0 < rows ? g->k - t0 : rows, sums + p * size);
+        }
+    }
+    for (int64_t p = 1; p < parts; ++p)
+        for (int64_t i = 0; i < size; ++i)
+            sums[i] += sums[p * size + i];
+    finish(g->m, 0, (int)g->n, sums, (int)g->n, g->alpha, g->beta, g->c, g->c_rs, g->c_cs, g->y,
+           g->n);
+    if (g->act != ACT_NONE)
+        for (int i = 0; i < g->m; ++i)
+            activate_inplace(g->y + i * g->n, (size_t)g->n, g->act, g->act_alpha, g->act_beta);
+}
+
 static int gemv_threads(int64_t n, int64_t k)
 {
     int64_t useful = n * k * (int64_t)sizeof(float) / GEMV_MIN_BYTES_PER_THREAD;
@@ -301,6 +363,11 @@ int gemv_f32(int trans_b, int m, int64_t n, int64_t k, float alpha, const float 
     gemv_args g = {trans_b, m, simd, act, n, k, lda, c_row_stride, c_col_stride, alpha, beta,
                    act_alpha, act_beta, a, b, c, y};
     int threads = gemv_threads(n, k);
+    int64_t rows = trans_b ? 0 : part_rows(m, n, k);
+    if (rows > 0) {
+        gemv_by_rows(&g, rows, threads);
+        return 0;
+    }
     if (threads == 1) {
         gemv_range(&g, 0, n);
         return 0;

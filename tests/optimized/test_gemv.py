@@ -113,6 +113,21 @@ def test_two_threads_give_the_same_bits_as_one(threads, trans_b, m):
     judge("", "Gemm", [a, b, c], kernels.gemv(a, b, c, trans_b=trans_b), transB=int(trans_b))
 
 
+# a weight with short rows (n * 4 <= 8 KiB) is cut by rows into parts of 256: k past one part
+# and not a multiple of it, n a k/v projection's 128 and an odd width
+@pytest.mark.parametrize("k, n", [(512, 128), (700, 37), (1408, 512), (257, 2048)])
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_short_rows_cut_by_rows_give_the_same_bits_at_any_thread_count(threads, k, n, m):
+    a, b, c = rand(0, m, k), rand(1, k, n), rand(2, n)
+    threads(1)
+    one = kernels.gemv(a, b, c, beta=0.5, activation="Relu")
+    threads(2)
+    two = kernels.gemv(a, b, c, beta=0.5, activation="Relu")
+    np.testing.assert_array_equal(one, two)
+    judge("", "Gemm", [a, b, c], kernels.gemv(a, b, c), transB=0)
+    judge("", "Gemm", [a, b], kernels.gemv(a, b, allow_simd=False), transB=0)
+
+
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_portable_code_agrees(trans_b):
     a = rand(0, 3, 45)
