@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import InvalidArgument
-from .ortvalue import OrtDevice, OrtValue, element_dtype
+from .ortvalue import CPU_DEVICE, OrtDevice, OrtValue, element_dtype
 
 
 class UnknownBindingName(InvalidArgument, RuntimeError):
@@ -36,6 +36,7 @@ class IOBinding:
         self._known_inputs = [i.name for i in session.get_inputs()]
         self._known_inputs += [i.name for i in session.get_overridable_initializers()]
         self._known_outputs = [o.name for o in session.get_outputs()]
+        self._input_set, self._output_set = set(self._known_inputs), set(self._known_outputs)
 
     # inputs ---------------------------------------------------------------------------
     def bind_cpu_input(self, name: str, arr_on_cpu) -> None:
@@ -71,6 +72,9 @@ class IOBinding:
     def bind_output(self, name: str, device_type="cpu", device_id: int = 0, element_type=None,
                     shape=None, buffer_ptr=None) -> None:
         name = self._output_name(name)
+        if buffer_ptr is None and device_type == "cpu" and device_id == 0:
+            self._outputs[name] = (CPU_DEVICE, None)  # a generation loop's every output, each step
+            return
         device = OrtDevice.make(device_type, device_id)
         if buffer_ptr is None:
             self._outputs[name] = (device, None)
@@ -102,13 +106,13 @@ class IOBinding:
     # names ----------------------------------------------------------------------------
     def _input_name(self, name: str) -> str:
         known = self._known_inputs
-        if name not in known:
+        if name not in self._input_set:
             raise UnknownBindingName(f"bind: unknown input {name!r}; the model's inputs are {known}")
         return name
 
     def _output_name(self, name: str) -> str:
         known = self._known_outputs
-        if name not in known:
+        if name not in self._output_set:
             raise UnknownBindingName(f"bind: unknown output {name!r}; the model's outputs are {known}")
         return name
 
@@ -127,7 +131,10 @@ class IOBinding:
         names = list(self._outputs) or self._known_outputs
         results = []
         for name, value in zip(names, values):
-            device, target = self._outputs.get(name, (OrtDevice(0), None))
+            device, target = self._outputs.get(name, _UNBOUND)
+            if target is None and type(value) is np.ndarray:
+                results.append(OrtValue(value, device))
+                continue
             if target is None:
                 is_device = not isinstance(value, (np.ndarray, list, dict)) and hasattr(value, "shape")
                 results.append(OrtValue(value, OrtDevice(1, device.device_id()) if is_device else device))
@@ -138,6 +145,9 @@ class IOBinding:
             target.update_inplace(_host(value) if isinstance(target.value(), np.ndarray) else value)
             results.append(target)
         self._results = results
+
+
+_UNBOUND = (CPU_DEVICE, None)  # an output not bound: a new value on the host
 
 
 def _host(value):

@@ -168,6 +168,9 @@ class OrtArenaCfg:
                             "max_dead_bytes_per_chunk) or OrtArenaCfg(dict)")
 
 
+CPU_DEVICE = OrtDevice(0)  # the host; one object serves every value there (a device never changes)
+
+
 class OrtValue:
     """A value for run_with_ort_values and IOBinding. Make one with ortvalue_from_numpy or
     ortvalue_from_shape_and_type."""
@@ -176,7 +179,7 @@ class OrtValue:
         if isinstance(value, OrtValue):
             value, device = value._value, value._device
         self._value = value
-        self._device = device or OrtDevice(0)
+        self._device = device or CPU_DEVICE
 
     # construction ---------------------------------------------------------------------
     @classmethod
