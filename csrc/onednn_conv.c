@@ -255,17 +255,31 @@ static void transpose_block(const float *src, size_t src_ld, float *dst, size_t 
         }
 }
 
+/* The channels of one unit of work: all of them, or where the image has fewer 64-pixel tiles
+ * than there are threads (a 7x7 plane at batch 1), a share of them in multiples of 16 (whole
+ * 64-byte lines of an NHWC row for each thread). */
+static int64_t channel_chunk(int64_t channels, int64_t pixel_units, int threads)
+{
+    if (pixel_units >= threads || channels < 32)
+        return channels;
+    int64_t chunk = (channels / threads + 15) / 16 * 16;
+    return chunk < channels ? chunk : channels;
+}
+
 /* y[b][p][c] = x[b][c][p] (NCHW to NHWC), p < hw. */
 static void nchw_to_nhwc(const float *x, float *y, int64_t batch, int64_t channels, int64_t hw,
                          int threads)
 {
-    int64_t tiles = (hw + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE, units = batch * tiles;
+    int64_t tiles = (hw + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    int64_t chunk = channel_chunk(channels, batch * tiles, threads);
+    int64_t chunks = (channels + chunk - 1) / chunk, units = batch * tiles * chunks;
     PARALLEL_FOR(threads < units ? threads : (int)units,
         for (int64_t u = 0; u < units; ++u) {
-            int64_t b = u / tiles, p = u % tiles * TRANSPOSE_TILE;
+            int64_t b = u / (tiles * chunks), p = u / chunks % tiles * TRANSPOSE_TILE;
+            int64_t c = u % chunks * chunk, m = channels - c < chunk ? channels - c : chunk;
             int64_t n = hw - p < TRANSPOSE_TILE ? hw - p : TRANSPOSE_TILE;
-            transpose_block(x + b * channels * hw + p, (size_t)hw, y + (b * hw + p) * channels,
-                            (size_t)channels, channels, n, 0);
+            transpose_block(x + (b * channels + c) * hw + p, (size_t)hw,
+                            y + (b * hw + p) * channels + c, (size_t)channels, m, n, 0);
         });
 }
 
@@ -273,18 +287,21 @@ static void nchw_to_nhwc(const float *x, float *y, int64_t batch, int64_t channe
 static void nhwc_to_nchw(const float *x, float *y, int64_t batch, int64_t channels, int64_t hw,
                          int threads, int act, float alpha, float beta)
 {
-    int64_t tiles = (hw + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE, units = batch * tiles;
+    int64_t tiles = (hw + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    int64_t chunk = channel_chunk(channels, batch * tiles, threads);
+    int64_t chunks = (channels + chunk - 1) / chunk, units = batch * tiles * chunks;
     int relu = act == ACT_RELU;
     PARALLEL_FOR(threads < units ? threads : (int)units,
         for (int64_t u = 0; u < units; ++u) {
-            int64_t b = u / tiles, p = u % tiles * TRANSPOSE_TILE;
+            int64_t b = u / (tiles * chunks), p = u / chunks % tiles * TRANSPOSE_TILE;
+            int64_t c = u % chunks * chunk, m = channels - c < chunk ? channels - c : chunk;
             int64_t n = hw - p < TRANSPOSE_TILE ? hw - p : TRANSPOSE_TILE;
-            float *out = y + b * channels * hw + p;
-            transpose_block(x + (b * hw + p) * channels, (size_t)channels, out, (size_t)hw, n,
-                            channels, relu);
+            float *out = y + (b * channels + c) * hw + p;
+            transpose_block(x + (b * hw + p) * channels + c, (size_t)channels, out, (size_t)hw,
+                            n, m, relu);
             if (act != ACT_NONE && !relu)
-                for (int64_t c = 0; c < channels; ++c)
-                    activate_inplace(out + c * hw, (size_t)n, act, alpha, beta);
+                for (int64_t k = 0; k < m; ++k)
+                    activate_inplace(out + k * hw, (size_t)n, act, alpha, beta);
         });
 }
 
