@@ -457,6 +457,8 @@ class Recorder:
                 self._spec(s, value)
         if not self._matches(step, values, outputs):
             self.unmatched.add(i)
+            log.debug("plan: step %d (%s %r) runs in Python: its step-table description gave "
+                      "other results than its kernel", i, step.node.op_type, step.node.name)
         if self._foldable(step, outputs):
             if step.node.op_type in SHAPE_OPS:
                 self.shape_reads.add(step.inputs[0])
