@@ -36,6 +36,12 @@ WEIGHTS = {  # name: (K, N)
     "3072x768": (3072, 768),
     "lm_head_768x50257": (768, 50257),
     "llama_head_512x32000": (512, 32000),
+    # the bench Llama's layer (benchmarks/decoders.py): rows short enough that GEMV cuts the
+    # weight by rows on more than one thread (csrc/gemv.c GEMV_PART_FLOATS)
+    "llama_kv_512x128": (512, 128),
+    "llama_q_512x512": (512, 512),
+    "llama_gate_512x1408": (512, 1408),
+    "llama_down_1408x512": (1408, 512),
 }
 ROWS = [1, 4]
 
