@@ -3,9 +3,9 @@
  * output column's k weights contiguous, read as dot products) or k x n (read row by row, each
  * row's slice of a block of columns added into accumulators that stay in L1).  The work is
  * bound by streaming b from memory, so each thread takes a contiguous range of output columns
- * and reads its part of b once, for all rows of a together.  Only n is split, and each y
- * element is summed in an order fixed by its column alone: the result does not depend on the
- * thread count. */
+ * and reads its part of b once, for all rows of a together; a k x n weight with short rows is
+ * cut by rows instead (GEMV_PART_FLOATS below).  Each y element is summed in an order fixed by
+ * the shape alone: the result does not depend on the thread count. */
 #include <math.h>
 #include <omp.h>
 
