@@ -2,7 +2,8 @@
 GEMV_ROWS_UP_TO rows of A to it: judged against the reference op with the bound policy
 (reference/agreement.py), over shapes whose N and K are not multiples of the kernel's blocks
 (8 lanes, 4 rows of B per pass, 1024-column blocks), both layouts of B, C broadcasts and
-activations; bitwise equal at 1 and 2 threads (N split, or K in parts fixed by the shape); views as inputs."""
+activations; bitwise equal at 1 and 2 threads (N split, or K in parts fixed by the shape);
+views as inputs."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
