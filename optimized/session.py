@@ -5,11 +5,8 @@ node (optimized/cpu.py, else the reference op) -> run.
 """
 from __future__ import annotations
 
-import gc
 import json
-import threading
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import onnx
@@ -89,37 +86,9 @@ class TerminateWatch:
             raise Fail(TERMINATED)
 
 
-_GC_PAUSE = threading.Lock()
-_gc_pausers = [0, False]  # sessions being made now; whether the collector was on before them
-
-
-@contextmanager
-def cyclic_gc_paused():
-    """Python's cycle collector off while sessions are being made (then as it was before the
-    first of them): making a session allocates many small objects, and a full collection over
-    the whole process that they trigger cost light_shufflenet 47 ms of a 110 ms creation. The
-    cycles left meanwhile are young, so the next young collection after it takes them."""
-    with _GC_PAUSE:
-        if _gc_pausers[0] == 0:
-            _gc_pausers[1] = gc.isenabled()
-            gc.disable()
-        _gc_pausers[0] += 1
-    try:
-        yield
-    finally:
-        with _GC_PAUSE:
-            _gc_pausers[0] -= 1
-            if _gc_pausers[0] == 0 and _gc_pausers[1]:
-                gc.enable()
-
-
 class InferenceSession:
     def __init__(self, path_or_bytes, sess_options: SessionOptions | None = None,
                  providers=None, provider_options=None, **kwargs):
-        with cyclic_gc_paused():
-            self._create(path_or_bytes, sess_options, providers, provider_options, kwargs)
-
-    def _create(self, path_or_bytes, sess_options, providers, provider_options, kwargs) -> None:
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
             raise TypeError(f"sess_options: expected optimized.SessionOptions, got "
                             f"{type(sess_options).__name__}")
@@ -206,6 +175,8 @@ class InferenceSession:
     def run_async(self, output_names, input_feed, callback, user_data, run_options=None) -> None:
         """Run on a worker thread and call callback(results, user_data, error_message); the
         message is '' on success, and results is [] on failure (onnxruntime's convention)."""
+        import threading
+
         wanted = self._output_indices(output_names)
         self._check_names(input_feed)
 
