@@ -271,6 +271,8 @@ static void nchw_to_nhwc(const float *x, float *y, int64_t batch, int64_t channe
                          int threads)
 {
     int64_t tiles = (hw + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    int useful = threads_for((size_t)(batch * channels * hw)); /* small planes: fewer threads */
+    threads = useful < threads ? useful : threads;
     int64_t chunk = channel_chunk(channels, batch * tiles, threads);
     int64_t chunks = (channels + chunk - 1) / chunk, units = batch * tiles * chunks;
     PARALLEL_FOR(threads < units ? threads : (int)units,
@@ -288,6 +290,8 @@ static void nhwc_to_nchw(const float *x, float *y, int64_t batch, int64_t channe
                          int threads, int act, float alpha, float beta)
 {
     int64_t tiles = (hw + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    int useful = threads_for((size_t)(batch * channels * hw)); /* small planes: fewer threads */
+    threads = useful < threads ? useful : threads;
     int64_t chunk = channel_chunk(channels, batch * tiles, threads);
     int64_t chunks = (channels + chunk - 1) / chunk, units = batch * tiles * chunks;
     int relu = act == ACT_RELU;

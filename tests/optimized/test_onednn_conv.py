@@ -184,13 +184,15 @@ def test_thread_count_invariance(shape, group):
 @pytest.mark.parametrize("shape, out_c, strides", [((2, 21, 13, 11), 19, [1, 1]),
                                                    ((1, 17, 23, 18), 19, [2, 1]),
                                                    ((3, 8, 9, 2), 19, [1, 2]),
-                                                   ((1, 50, 5, 7), 37, [1, 1])])
+                                                   ((1, 50, 5, 7), 37, [1, 1]),
+                                                   ((1, 688, 6, 8), 690, [1, 1])])
 def test_nhwc_transposes_at_each_thread_count(shape, out_c, strides, activation):
     """The blocked layout's NCHW <-> NHWC transposes (csrc/onednn_conv.c, with the activation
     in the outgoing one): whole 8x8 tiles and the channels and pixels past them, several
     64-pixel units per image split across threads, a batch, the residual, a strided plane
     whose output has fewer pixels than its input, and a plane smaller than one unit whose
-    channels are split across threads instead."""
+    channels are split across threads instead (where it holds enough values for two threads:
+    the last shape)."""
     rng = np.random.default_rng(10)
     x = rng.uniform(-1, 1, shape).astype(np.float32)
     w = rng.uniform(-1, 1, (out_c, shape[1], 3, 3)).astype(np.float32)
