@@ -1,9 +1,11 @@
-"""One com.microsoft MatMulNBits node, decode shape (M = 1): optimized against onnxruntime.
+"""One com.microsoft MatMulNBits node: optimized against onnxruntime.
 
 4-bit weights in blocks of 32 with packed zero points (the asymmetric form onnxruntime's
-MatMulNBitsQuantizer writes), for K=512 -> N=1536 and K=2048 -> N=8192, at 1 and 2 threads.
-Groups are `<shape>-t<threads>`; each benchmark's extra_info holds the packed weight bytes
-(codes, scales and zero points) and `packed_GB_per_s`, those bytes over the median time.
+MatMulNBitsQuantizer writes), at 1 and 2 threads: decode shapes (M = 1) K=512 -> N=1536 and
+K=2048 -> N=8192, and a 128-token prompt's (M = 128) through the bench decoder's MLP,
+K=512 -> N=1408 and K=1408 -> N=512.  Groups are `<shape>-t<threads>`; each benchmark's
+extra_info holds the packed weight bytes (codes, scales and zero points), `packed_GB_per_s`,
+those bytes over the median time, and `GFLOP_per_s`, 2 M N K over it.
 
 Each runtime runs in its own process (two OpenMP runtimes and two thread pools in one process
 disturb each other's timings), so a test skips, saying why, when the other runtime is already
@@ -29,7 +31,8 @@ from onnx import TensorProto, helper, numpy_helper
 from reference import ReferenceEvaluator
 
 THREADS = [1, 2]
-SHAPES = {"k512_n1536": (512, 1536), "k2048_n8192": (2048, 8192)}
+SHAPES = {"k512_n1536": (1, 512, 1536), "k2048_n8192": (1, 2048, 8192),  # (M, K, N)
+          "m128_k512_n1408": (128, 512, 1408), "m128_k1408_n512": (128, 1408, 512)}
 BITS, BLOCK_SIZE = 4, 32
 ROUNDS = {"rounds": 50, "iterations": 1, "warmup_rounds": 5}
 
@@ -37,7 +40,7 @@ ROUNDS = {"rounds": 50, "iterations": 1, "warmup_rounds": 5}
 @functools.cache
 def build(shape: str):
     """(serialized one-node model, feeds, reference output, packed weight bytes)."""
-    k, n = SHAPES[shape]
+    m, k, n = SHAPES[shape]
     rng = np.random.default_rng(0)
     blocks = (k + BLOCK_SIZE - 1) // BLOCK_SIZE
     b = rng.integers(0, 256, (n, blocks, BLOCK_SIZE * BITS // 8), dtype=np.uint8)
@@ -47,13 +50,13 @@ def build(shape: str):
                             domain="com.microsoft", K=k, N=n, bits=BITS, block_size=BLOCK_SIZE)
     graph = helper.make_graph(
         [node], "matmul_nbits",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
         [numpy_helper.from_array(v, name) for name, v in
          (("b", b), ("scales", scales), ("zp", zp))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                     helper.make_opsetid("com.microsoft", 1)])
-    feeds = {"a": rng.standard_normal((1, k), dtype=np.float32)}
+    feeds = {"a": rng.standard_normal((m, k), dtype=np.float32)}
     expected = ReferenceEvaluator(model).run(None, feeds)[0]
     return model.SerializeToString(), feeds, expected, b.nbytes + scales.nbytes + zp.nbytes
 
@@ -84,7 +87,10 @@ def timed(benchmark, run, shape, threads, runtime, nbytes):
                                 packed_weight_bytes=nbytes)
     benchmark.pedantic(run, **ROUNDS)
     if benchmark.stats is not None:  # None under --benchmark-disable
-        benchmark.extra_info["packed_GB_per_s"] = nbytes / benchmark.stats.stats.median / 1e9
+        median = benchmark.stats.stats.median
+        m, k, n = SHAPES[shape]
+        benchmark.extra_info["packed_GB_per_s"] = nbytes / median / 1e9
+        benchmark.extra_info["GFLOP_per_s"] = 2 * m * k * n / median / 1e9
 
 
 def test_optimized(benchmark, shape, threads):
