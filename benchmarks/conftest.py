@@ -5,8 +5,6 @@ import time
 
 import pytest
 
-from optimized import kernels
-
 THREADS = [1, 2]
 SETTLE_S = 0.5
 
@@ -14,6 +12,8 @@ SETTLE_S = 0.5
 @pytest.fixture(params=THREADS, ids=lambda n: f"{n}thr")
 def threads(request):
     """The C kernels' thread count for one benchmark, restored after it."""
+    from optimized import kernels  # here, not at import: onnxruntime's halves need a process
+    #                                without optimized (test_matmul_nbits.alone_in_process)
     before = kernels.get_num_threads()
     kernels.set_num_threads(request.param)
     # let the previous contender's pool threads (OpenBLAS's, onnxruntime's) stop spinning: on a
