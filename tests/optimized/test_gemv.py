@@ -129,6 +129,31 @@ def test_short_rows_cut_by_rows_give_the_same_bits_at_any_thread_count(threads, 
     judge("", "Gemm", [a, b], kernels.gemv(a, b, allow_simd=False), transB=0)
 
 
+
+# each example sets the thread count it needs; the fixture restores it once, at the end
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(m=st.integers(1, 4), k=st.integers(128, 2200), n=st.integers(1, 4200),
+       c_shape=st.sampled_from(["none", "row", "column", "full"]), seed=st.integers(0, 2**16))
+def test_b_cut_by_rows_near_the_part_buffer_matches_the_reference(threads, m, k, n, c_shape, seed):
+    """B stored k x n with k of two 64-row parts or more, and m * n from a few floats to past
+    the 16384 of csrc/gemv.c's part buffer (GEMV_PART_FLOATS), where the number of parts falls
+    to 2 and then to none: the reference's result, with C and an activation after the parts are
+    added, and the same bits at 1 and 2 threads."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    c = {"none": None, "row": rng.standard_normal(n, dtype=np.float32),
+         "column": rng.standard_normal((m, 1), dtype=np.float32),
+         "full": rng.standard_normal((m, n), dtype=np.float32)}[c_shape]
+    threads(1)
+    one = kernels.gemv(a, b, c, alpha=0.75, beta=-0.5)
+    relu = kernels.gemv(a, b, c, alpha=0.75, beta=-0.5, activation="Relu")
+    threads(2)
+    np.testing.assert_array_equal(kernels.gemv(a, b, c, alpha=0.75, beta=-0.5), one)
+    np.testing.assert_array_equal(relu, np.where(one < 0, np.float32(0), one))
+    judge("", "Gemm", [a, b, c], one, alpha=0.75, beta=-0.5)
+
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_portable_code_agrees(trans_b):
     a = rand(0, 3, 45)
