@@ -129,7 +129,6 @@ def test_short_rows_cut_by_rows_give_the_same_bits_at_any_thread_count(threads, 
     judge("", "Gemm", [a, b], kernels.gemv(a, b, allow_simd=False), transB=0)
 
 
-
 # each example sets the thread count it needs; the fixture restores it once, at the end
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -153,6 +152,7 @@ def test_b_cut_by_rows_near_the_part_buffer_matches_the_reference(threads, m, k,
     np.testing.assert_array_equal(kernels.gemv(a, b, c, alpha=0.75, beta=-0.5), one)
     np.testing.assert_array_equal(relu, np.where(one < 0, np.float32(0), one))
     judge("", "Gemm", [a, b, c], one, alpha=0.75, beta=-0.5)
+
 
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_portable_code_agrees(trans_b):
