@@ -114,8 +114,9 @@ def test_two_threads_give_the_same_bits_as_one(threads, trans_b, m):
     judge("", "Gemm", [a, b, c], kernels.gemv(a, b, c, trans_b=trans_b), transB=int(trans_b))
 
 
-# a weight with short rows (n * 4 <= 8 KiB) is cut by rows into parts of 256: k past one part
-# and not a multiple of it, n a k/v projection's 128 and an odd width
+# a weight with short rows (m * n * parts within gemv.c's 16384-float part buffer) is cut by
+# rows into 2 to 16 parts of 64 rows or more: k past one part and not a multiple of it, n a k/v
+# projection's 128 and an odd width
 @pytest.mark.parametrize("k, n", [(512, 128), (700, 37), (1408, 512), (257, 2048)])
 @pytest.mark.parametrize("m", [1, 2, 4])
 def test_short_rows_cut_by_rows_give_the_same_bits_at_any_thread_count(threads, k, n, m):
