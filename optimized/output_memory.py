@@ -12,6 +12,7 @@ block through its base) is never written.
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -45,7 +46,7 @@ class OutputMemory:
 
     def empty(self, key, shape: tuple, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # np.prod took 9 us, more than the run of chain100
         if nbytes == 0 or nbytes > LARGEST or dtype.hasobject:
             return np.empty(shape, dtype)
         held = self._blocks.get(key)
