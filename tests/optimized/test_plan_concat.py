@@ -9,28 +9,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from optimized import kernels
 from optimized.cpu import C_STEPS, KERNELS
 from optimized.plan import C, Plan
 from reference import ReferenceEvaluator
+from tests.optimized.plan_models import make_model
 
 F = TensorProto.FLOAT
-OPSET = 21
-
-
-@pytest.fixture
-def threads():
-    before = kernels.get_num_threads()
-    yield
-    kernels.set_num_threads(before)
-
-
-def make_model(nodes, inputs, outputs, initializers=()):
-    graph = helper.make_graph(nodes, "t", inputs, outputs,
-                              initializer=[numpy_helper.from_array(v, n) for n, v in initializers])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
 def tensor(name, shape=None):
