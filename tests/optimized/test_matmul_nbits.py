@@ -327,16 +327,22 @@ def test_prefill_is_the_same_at_any_thread_count(bits, block_size):
     m, n, k = 37, 83, 2 * block_size + 9
     b, scales, zp = quantized(rng, n, k, bits, block_size, "packed")
     a = rng.standard_normal((m, k), dtype=np.float32)
+    results = matmul_nbits_at_one_and_two_threads(a, b, scales, zp, k=k, n=n, bits=bits,
+                                                  block_size=block_size)
+    assert results[0].tobytes() == results[1].tobytes()
+    assert_agrees(results[0], a, b, scales, zp, None, k=k, n=n, bits=bits, block_size=block_size)
+
+
+def matmul_nbits_at_one_and_two_threads(a, b, scales, zp, **attributes) -> list:
+    """kernels.matmul_nbits's results at 1 and at 2 threads."""
     results = []
     for threads in (1, 2):
         kernels.set_num_threads(threads)
         try:
-            results.append(kernels.matmul_nbits(a, b, scales, zp, k=k, n=n, bits=bits,
-                                                block_size=block_size))
+            results.append(kernels.matmul_nbits(a, b, scales, zp, **attributes))
         finally:
             kernels.set_num_threads(kernels.available_cpus())
-    assert results[0].tobytes() == results[1].tobytes()
-    assert_agrees(results[0], a, b, scales, zp, None, k=k, n=n, bits=bits, block_size=block_size)
+    return results
 
 
 def cpu_has_avx2_fma() -> bool:
@@ -365,14 +371,8 @@ def test_prefill_against_reference_at_any_thread_count(m, n, k, bits_block, zero
     rng = np.random.default_rng(seed)
     b, scales, zp = quantized(rng, n, k, bits, block_size, zero_points)
     a = rng.standard_normal((m, k), dtype=np.float32)
-    results = []
-    for threads in (1, 2):
-        kernels.set_num_threads(threads)
-        try:
-            results.append(kernels.matmul_nbits(a, b, scales, zp, k=k, n=n, bits=bits,
-                                                block_size=block_size))
-        finally:
-            kernels.set_num_threads(kernels.available_cpus())
+    results = matmul_nbits_at_one_and_two_threads(a, b, scales, zp, k=k, n=n, bits=bits,
+                                                  block_size=block_size)
     if cpu_has_avx2_fma():
         assert results[0].tobytes() == results[1].tobytes()
     assert_agrees(results[0], a, b, scales, zp, None, k=k, n=n, bits=bits, block_size=block_size)
