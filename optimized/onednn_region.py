@@ -89,7 +89,7 @@ def member_kind(plan, step) -> str | None:
     if step.run is None or len([o for o in step.outputs if o >= 0]) != 1:
         return None
     key = _key(step.node)
-    attrs = plan._static_attributes(step.node) or {}
+    attrs = plan.static_attributes(step.node) or {}
     if key in CONVS:
         return "conv" if _conv_ok(plan, step, attrs) else None
     if key in (("", "Relu"), ("", "Add"), ("", "GlobalAveragePool")):
@@ -151,7 +151,7 @@ def _replace(plan, steps: list, groups: list[list[int]]) -> list:
 
     readers: dict[int, set[int]] = {}
     for i, step in enumerate(steps):
-        for s in plan._reads(step):
+        for s in plan.reads(step):
             readers.setdefault(s, set()).add(i)
     keep = set(plan.output_slots)
     placed: dict[int, object] = {}
@@ -270,7 +270,7 @@ class RegionRun:
         return region
 
     def _add(self, region, step, value_of) -> None:
-        key, attrs = _key(step.node), self.plan._static_attributes(step.node) or {}
+        key, attrs = _key(step.node), self.plan.static_attributes(step.node) or {}
         ins = [value_of.get(s, -1) for s in step.inputs]
         out = value_of[next(s for s in step.outputs if s >= 0)]
         if key in CONVS:

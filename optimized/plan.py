@@ -87,7 +87,7 @@ class Plan:
         self.graph = model.graph
         self.opsets = self.evaluator.opsets
         self._runner = _GraphRunner(self.evaluator, lambda result: None)
-        self._attributes: dict[int, tuple] = {}  # id(node) -> (node, _static_attributes)
+        self._attributes: dict[int, tuple] = {}  # id(node) -> (node, static_attributes)
         names: list[str] = []
         self.index: dict[str, int] = {}
 
@@ -128,7 +128,7 @@ class Plan:
         fast = kernels.get((canonical_domain(node.domain), node.op_type))
         if fast is None:
             return Step(node, reference, inputs, outputs)
-        attrs = self._static_attributes(node)
+        attrs = self.static_attributes(node)
         if attrs is None:
             return Step(node, reference, inputs, outputs)
         try:
@@ -147,7 +147,7 @@ class Plan:
 
         return Step(node, run_fast, inputs, outputs, kernel="fast", reference=reference)
 
-    def _static_attributes(self, node) -> dict | None:
+    def static_attributes(self, node) -> dict | None:
         """Attributes with schema defaults, converted once per node (a new dict on each call);
         None if the node has subgraphs."""
         cached = self._attributes.get(id(node))
@@ -166,7 +166,7 @@ class Plan:
         domain = canonical_domain(node.domain)
         opset = self.opsets.get(domain)
         impl = lookup(domain, node.op_type, opset) if opset is not None else None
-        attrs = self._static_attributes(node)
+        attrs = self.static_attributes(node)
         plain = (impl is not None and attrs is not None
                  and (node.domain, node.op_type) not in self.evaluator.functions)
         if plain:
@@ -180,7 +180,7 @@ class Plan:
             return run_op
         return None  # bound per run: needs the run's scope (subgraphs, function bodies)
 
-    def _reads(self, step: Step) -> list[int]:
+    def reads(self, step: Step) -> list[int]:
         used = [s for s in step.inputs if s != ABSENT]
         if not step.node.attribute:  # no subgraph, so no outer names
             return used
@@ -192,7 +192,7 @@ class Plan:
         keep = set(self.output_slots)
         last_use: dict[int, int] = {}
         for i, step in enumerate(steps):
-            for s in self._reads(step):
+            for s in self.reads(step):
                 last_use[s] = i
         for s, i in last_use.items():
             if s not in keep:
@@ -201,11 +201,11 @@ class Plan:
 
     def _fuse_chains(self, steps: list[Step]) -> list[Step]:
         """Each elementwise chain (optimized/chains.py) as one step, at its last member's place."""
-        encodings = [chains.chain_op(step.node, self._static_attributes(step.node) or {})
+        encodings = [chains.chain_op(step.node, self.static_attributes(step.node) or {})
                      if step.kernel == "fast" else None for step in steps]
         readers: dict[int, int] = {}
         for step in steps:
-            for s in self._reads(step):
+            for s in self.reads(step):
                 readers[s] = readers.get(s, 0) + 1
         found = chains.find_chains(steps, encodings, set(self.output_slots), readers)
         fused_at = {id(links[-1].step): links for links in found}
@@ -232,18 +232,18 @@ class Plan:
             outputs = self._run_compiled(feeds)
             if outputs is not None:
                 return outputs
-        slots = self._slots(feeds)
+        slots = self.slots_for(feeds)
         steps = self.steps if observer is None and checker is None else self.unfused_steps
-        self._run_steps(slots, steps, 0, observer, profiler, checker)
+        self.run_steps(slots, steps, 0, observer, profiler, checker)
         return [slots[s] for s in self.output_slots]
 
-    def _slots(self, feeds: dict) -> list:
+    def slots_for(self, feeds: dict) -> list:
         slots = list(self.template)
         for name, value in feeds.items():
             slots[self.index[name]] = value
         return slots
 
-    def _run_steps(self, slots: list, steps: list[Step], start: int, observer=None,
+    def run_steps(self, slots: list, steps: list[Step], start: int, observer=None,
                    profiler=None, checker=None, record=None) -> None:
         for i in range(start, len(steps)):
             step = steps[i]
@@ -305,16 +305,16 @@ class Plan:
                 self._sightings.clear()
             self._sightings[key] = 1
             notes = self.shapes.notes(feeds)  # its shapes, to learn patterns from
-            slots = self._slots(feeds)
-            self._run_steps(slots, self.steps, 0, record=notes.record)
+            slots = self.slots_for(feeds)
+            self.run_steps(slots, self.steps, 0, record=notes.record)
             self.shapes.seen(key, notes)
             return [slots[s] for s in self.output_slots]
         if not self._lock.acquire(blocking=False):
             return None
         try:
             recorder = Recorder(self, feeds)
-            slots = self._slots(feeds)
-            self._run_steps(slots, self.steps, 0, record=recorder.record)
+            slots = self.slots_for(feeds)
+            self.run_steps(slots, self.steps, 0, record=recorder.record)
             outputs = [slots[s] for s in self.output_slots]
             self._sightings.pop(key, None)
             if wanted:
@@ -512,7 +512,7 @@ def describe_step(plan: Plan, step: Step, rec: Recorder):
     describe = plan.c_steps.get((canonical_domain(step.node.domain), step.node.op_type))
     if describe is None or step.run is None:
         return None
-    attrs = plan._static_attributes(step.node)
+    attrs = plan.static_attributes(step.node)
     if attrs is None:
         return None
     operands = []
@@ -695,7 +695,7 @@ class CompiledRun:
         if any(s in self.resized for s in step.inputs):
             return None
         shape, dtype = rec.specs[y]
-        axis = (self.plan._static_attributes(node) or {}).get("axis")
+        axis = (self.plan.static_attributes(node) or {}).get("axis")
         if axis is None or not -len(shape) <= axis < len(shape):
             return None
         if int(np.prod(shape[:axis % len(shape)])) != 1:
@@ -741,7 +741,7 @@ class CompiledRun:
             made = [s for s in step.outputs if s != ABSENT]
             extent = max([need.get(s, i) for s in made] + [i])
             viewing = kinds[i] == PY or any(isinstance(self.storage.get(s), tuple) for s in made)
-            for s in self.plan._reads(step):
+            for s in self.plan.reads(step):
                 need[s] = max(need.get(s, i), extent if viewing else i)
         return need
 
@@ -823,7 +823,7 @@ class CompiledRun:
                 entry = stop
             elif kinds[i] == PY:
                 guards = [(s, *rec.specs[s], s in c_reads) for s in step.outputs if s in guarded]
-                release = [s for s in plan._reads(step)
+                release = [s for s in plan.reads(step)
                            if storage.get(s) in ("python", "feed") and need.get(s) == i
                            and s not in outputs]
                 self.ops.append((PY, i, guards, release))
@@ -872,7 +872,7 @@ class CompiledRun:
 
     def _finish(self, slots: list, start: int) -> list:
         """The rest of the run step by step in Python (steps worked out once included)."""
-        self.plan._run_steps(slots, self.plan.steps, start)
+        self.plan.run_steps(slots, self.plan.steps, start)
         return self._outputs(slots)
 
     def _outputs(self, slots: list) -> list:

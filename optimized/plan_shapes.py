@@ -39,7 +39,7 @@ from reference.registry import canonical_domain
 from . import kernels
 from .passes.gqa_fusion import GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
 from .passes.silu_mlp_fusion import FUSED_DOMAIN
-from .plan import ABSENT, ALIAS, PY, CompiledRun, Recorder, describe_step, outer_names
+from .plan import ABSENT, ALIAS, PY, CompiledRun, Recorder, describe_step
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class ShapePatterns:
         self._seen: dict[tuple, list[tuple[tuple, dict]]] = {}
         self._patterns: list[Pattern] = []
         self._lock = threading.Lock()
-        self._touches = [set(_reads(plan, step)) | {s for s in step.outputs if s != ABSENT}
+        self._touches = [set(plan.reads(step)) | {s for s in step.outputs if s != ABSENT}
                          for step in plan.steps]
 
     def notes(self, feeds: dict) -> ShapeNotes:
@@ -196,11 +196,6 @@ class ShapePatterns:
             pattern.dead = program is None
 
 
-def _reads(plan, step) -> list[int]:
-    used = [s for s in step.inputs if s != ABSENT]
-    return used + [plan.index[n] for n in outer_names(step.node) if n in plan.index]
-
-
 def shared_recorder(plan, recorder: Recorder, varying: set[int]) -> Recorder:
     """recorder as a run of the whole pattern: no shape for a slot in varying, and no value
     worked out once from one (directly or through other such values)."""
@@ -212,7 +207,7 @@ def shared_recorder(plan, recorder: Recorder, varying: set[int]) -> Recorder:
     for i, step in enumerate(plan.steps):
         made = [s for s in step.outputs if s != ABSENT]
         folded = made and all(recorder.producer.get(s) == i and s in recorder.static for s in made)
-        if folded and any(s in tainted for s in _reads(plan, step)):
+        if folded and any(s in tainted for s in plan.reads(step)):
             tainted.update(made)
             for s in made:
                 shared.static.pop(s, None)
@@ -359,7 +354,7 @@ class GrowingRun(CompiledRun):
         return rec
 
     def _describe(self, step, rec: Recorder):
-        touched = set(self.plan._reads(step)) | {s for s in step.outputs if s != ABSENT}
+        touched = set(self.plan.reads(step)) | {s for s in step.outputs if s != ABSENT}
         if not touched & self.resized:
             return describe_step(self.plan, step, rec)
         if (canonical_domain(step.node.domain), step.node.op_type) not in GROWING_OPS:
@@ -384,8 +379,8 @@ class GrowingRun(CompiledRun):
         on_line = self._length(feeds)
         if on_line is None:
             plan = self.plan
-            slots = plan._slots(feeds)
-            plan._run_steps(slots, plan.steps, 0)
+            slots = plan.slots_for(feeds)
+            plan.run_steps(slots, plan.steps, 0)
             return [slots[s] for s in plan.output_slots]
         t, shapes = on_line
         self.words[self.word_index] = self.word_base + self.word_slope * t

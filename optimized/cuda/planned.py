@@ -205,7 +205,7 @@ class PlannedRun:
         return kernel.host_inputs if kernel is not None else ()
 
     def _attrs(self, node) -> dict:
-        return self.plan._static_attributes(node) or {}
+        return self.plan.static_attributes(node) or {}
 
     def _on_device(self, value: np.ndarray) -> Ref:
         """A host constant read on the device: uploaded now, while planning."""
