@@ -527,8 +527,8 @@ int pool2d_f32(int kind, const float *x, int64_t planes, int64_t in_h, int64_t i
                int64_t pad_right, int64_t dil_h, int64_t dil_w, int count_include_pad)
 {
     int is_max = kind == POOL_MAX;
-    if (out_h == 1 && out_w == 1 && k_h == in_h && k_w == in_w && pad_top == 0 && pad_left == 0
-        && pad_bottom == 0 && pad_right == 0) {
+    if (out_h == 1 && out_w == 1 && k_h == in_h && k_w == in_w && dil_h == 1 && dil_w == 1
+        && pad_top == 0 && pad_left == 0 && pad_bottom == 0 && pad_right == 0) {
         int64_t size = in_h * in_w;
         int threads = threads_for((size_t)(planes * size));
         int64_t chunk = (planes + threads - 1) / threads;

@@ -145,6 +145,16 @@ def test_one_window_over_each_whole_plane(op_type, shape):
     np.testing.assert_allclose(fn(x, kernel), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_hand_checked_dilated_window_as_tall_as_the_plane(op_type):
+    # a 2x1 window dilated by 2 over planes of 2 rows, one pad row below: the window's taps
+    # are row 0 and the pad row, so each output is row 0 alone (not a whole-plane pool)
+    x = np.array([1, 5, 7, -3, -2, 4], dtype=np.float32).reshape(1, 3, 2, 1)
+    fn = kernels.max_pool2d if op_type == "MaxPool" else kernels.average_pool2d
+    got = fn(x, [2, 1], strides=[1, 1], dilations=[2, 1], pads=[0, 0, 1, 0])
+    np.testing.assert_array_equal(got.ravel(), [1, 7, -2])
+
+
 def test_hand_checked_stride_2():
     # one row 0..18: windows of 3 at stride 2 with one pad cell on the left
     x = np.arange(19, dtype=np.float32).reshape(1, 1, 1, 19)
