@@ -3,7 +3,7 @@ groups of convolutions, activations, adds, concats and pools run in oneDNN's blo
 one step, checked against the reference evaluator on whole models and op by op."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -243,10 +243,15 @@ def chain_cases(draw):
 
 @settings(max_examples=40, deadline=None)
 @given(case=chain_cases())
+@example(case={"batch": 1, "cin": 1, "mid": 1, "cout": 1, "h": 3, "w": 3, "k": 3,
+               "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [2, 1], "residual": False,
+               "seed": 0})
 def test_conv_chain_matches_reference_conv(case):
     """OneDNNRegion directly: conv (any pads, strides, dilations) -> Relu -> 1x1 conv with the
     block's first result as residual, against the reference Conv in float64."""
     c = case
+    # a dilated window taller than the padded input is an error, not a case of this test
+    assume((c["k"] - 1) * c["dilations"][0] + 1 <= c["h"] + c["pads"][0] + c["pads"][2])
     rng = np.random.default_rng(c["seed"])
     x = rng.uniform(-1, 1, (c["batch"], c["cin"], c["h"], c["w"])).astype(np.float32)
     w1 = rng.uniform(-1, 1, (c["mid"], c["cin"], c["k"], c["k"])).astype(np.float32)
