@@ -1,5 +1,5 @@
-"""The `threads` fixture: the kernels' thread count restored after a test that changes it (a
-test module that defines its own keeps that)."""
+"""The `threads` fixture: kernels.set_num_threads for the test, and the kernels' thread count
+restored after it."""
 import pytest
 
 from optimized import kernels
@@ -8,5 +8,5 @@ from optimized import kernels
 @pytest.fixture
 def threads():
     before = kernels.get_num_threads()
-    yield
+    yield kernels.set_num_threads
     kernels.set_num_threads(before)

@@ -15,13 +15,6 @@ ALL_ACTIVATIONS = ACTIVATION_CASES + [("HardSigmoid", (0.3, 0.4)), ("HardSwish",
 hsettings = settings(max_examples=30, deadline=None)
 
 
-@pytest.fixture
-def threads():
-    """Restores the thread count a test changes."""
-    before = kernels.get_num_threads()
-    yield
-    kernels.set_num_threads(before)
-
 # Float32 dot products of depth d (summed in any order) are within d * u * sum|w x| of the
 # exact value (u = 2^-24); twice that leaves room for the bias and residual additions.  The
 # piecewise-linear activations add at most an ulp (1e-6 relative); the C sigmoid, tanh and

@@ -16,14 +16,6 @@ ACTIVATIONS = [*ACTIVATION_CASES, ("HardSigmoid", ()), ("HardSigmoid", (0.3, 0.4
                ("HardSwish", ())]
 
 
-@pytest.fixture
-def threads():
-    """Restores the thread count a test changes."""
-    before = kernels.get_num_threads()
-    yield
-    kernels.set_num_threads(before)
-
-
 def fused_reference(x, w, b, residual, act, **attrs):
     y = ref("Conv", x, w, b, **attrs)
     if residual is not None:

@@ -37,13 +37,6 @@ def judge(op_type, inputs, actual, **attrs):
     assert judgement.ok, judgement.message()
 
 
-@pytest.fixture
-def threads():
-    before = kernels.get_num_threads()
-    yield kernels.set_num_threads
-    kernels.set_num_threads(before)
-
-
 def test_panels_hold_sixteen_columns_row_after_row_padded_with_zeros():
     b = np.arange(3 * 18, dtype=np.float32).reshape(3, 18)  # k 3, n 18: two panels
     packed = kernels.PackedWeights(b)

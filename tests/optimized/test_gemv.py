@@ -34,13 +34,6 @@ def judge(domain, op_type, inputs, actual, **attrs):
     assert judgement.ok, judgement.message()
 
 
-@pytest.fixture
-def threads():
-    before = kernels.get_num_threads()
-    yield kernels.set_num_threads
-    kernels.set_num_threads(before)
-
-
 SIZES = st.integers(1, 67)  # spans the 8-lane and 4-row blocks and their tails
 
 

@@ -59,14 +59,6 @@ def arrays(seed, *shape, scale=1.0):
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 
 
-@pytest.fixture
-def threads():
-    """Restores the thread count a test changes."""
-    before = kernels.get_num_threads()
-    yield
-    kernels.set_num_threads(before)
-
-
 # --- gemm ----------------------------------------------------------------------------------
 
 C_SHAPES = ["none", "scalar", "row", "row2d", "column", "full"]

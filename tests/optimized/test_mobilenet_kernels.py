@@ -18,14 +18,6 @@ HARD_CASES = [("HardSigmoid", ()), ("HardSigmoid", (0.5, 0.25)), ("HardSigmoid",
               ("HardSwish", ())]
 
 
-@pytest.fixture
-def threads():
-    """Restores the thread count a test changes."""
-    before = kernels.get_num_threads()
-    yield
-    kernels.set_num_threads(before)
-
-
 def ref_hard(y, name, params=()):
     attrs = dict(zip(("alpha", "beta"), params))
     return ref(name, y, **attrs)

@@ -55,13 +55,6 @@ def test_a_nan_among_masked_keys_is_nan_not_an_empty_row():
     np.testing.assert_array_equal(y[0, 1], 1.0)
 
 
-@pytest.fixture
-def threads():
-    before = kernels.get_num_threads()
-    yield kernels.set_num_threads
-    kernels.set_num_threads(before)
-
-
 @pytest.mark.parametrize("heads, q_len", [(3, 37), (1, 50), (2, 130), (5, 17)])
 def test_attention_rows_split_for_threads_keep_their_bits(threads, heads, q_len):
     # few heads of few rows are cut into smaller row blocks when threads would idle; each row's
