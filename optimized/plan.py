@@ -22,7 +22,7 @@ import numpy as np
 from onnx import AttributeProto, ModelProto, helper
 
 from reference.errors import NodeError
-from reference.evaluator import ReferenceEvaluator, Result, Scope, _GraphRunner
+from reference.evaluator import GraphRunner, ReferenceEvaluator, Result, Scope
 from reference.functions import schema_for
 from reference.registry import OpContext, canonical_domain, lookup
 from reference.values import normalize
@@ -86,7 +86,7 @@ class Plan:
         self.evaluator = evaluator or ReferenceEvaluator(model, check=False)
         self.graph = model.graph
         self.opsets = self.evaluator.opsets
-        self._runner = _GraphRunner(self.evaluator, lambda result: None)
+        self._runner = GraphRunner(self.evaluator, lambda result: None)
         self._attributes: dict[int, tuple] = {}  # id(node) -> (node, static_attributes)
         names: list[str] = []
         self.index: dict[str, int] = {}
@@ -338,7 +338,7 @@ class Plan:
 
     def _scoped_call(self, step: Step, slots: list, observer=None):
         scope = SlotScope(slots, self.index)
-        runner = self._runner if observer is None else _GraphRunner(self.evaluator, observer)
+        runner = self._runner if observer is None else GraphRunner(self.evaluator, observer)
 
         def run(*values):
             return runner.call_op(step.node, list(_trim(values)), scope, self.opsets, (), None)

@@ -70,7 +70,7 @@ class Scope:
 class Subgraph:
     """A graph attribute, bound to the scope it is defined in; call it with the body inputs."""
 
-    def __init__(self, graph: GraphProto, runner: _GraphRunner, scope: Scope, path: tuple):
+    def __init__(self, graph: GraphProto, runner: GraphRunner, scope: Scope, path: tuple):
         self.graph = graph
         self._runner = runner
         self._scope = scope
@@ -89,7 +89,7 @@ class Subgraph:
         return self._runner.run_subgraph(self.graph, self._scope, list(inputs), path)
 
 
-class _GraphRunner:
+class GraphRunner:
     """Runs graphs and function bodies, sending every produced value to `emit`."""
 
     def __init__(self, evaluator: ReferenceEvaluator, emit):
@@ -372,7 +372,7 @@ class ReferenceEvaluator:
         """Every initializer, input, node result and graph output, in the order produced."""
         self.check_feeds(feeds)
         produced: list[Result] = []
-        runner = _GraphRunner(self, produced.append)
+        runner = GraphRunner(self, produced.append)
         scope = Scope()
         for name, value in feeds.items():
             scope[name] = normalize(value)

@@ -134,7 +134,7 @@ def gradient(*values, xs, y, zs=None, ctx):
     The forward pass is recomputed from the given values of xs and zs (plus initializers),
     then the VJP rules above are applied in reverse topological order.
     """
-    from ..evaluator import _GraphRunner, tensor_value
+    from ..evaluator import GraphRunner, tensor_value
 
     names = list(xs) + list(zs or [])
     if len(values) != len(names):
@@ -145,7 +145,7 @@ def gradient(*values, xs, y, zs=None, ctx):
         raise ValueError("Gradient: only supported in the main graph")
     env = {i.name: tensor_value(i) for i in graph.initializer}
     env.update(zip(names, values))
-    runner = _GraphRunner(ev, lambda r: None)
+    runner = GraphRunner(ev, lambda r: None)
     depends = set(xs)  # values that depend on some x
     tape = []
     for node in graph.node:
