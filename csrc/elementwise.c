@@ -214,9 +214,68 @@ static void chain_binary(int op, int swapped, float *acc, int64_t len, int64_t s
     }
 }
 
+/* y[i] = x[i] * s + t, then ReLU when relu (written as relu_f32, so NaN stays): a chain's Mul
+ * and Add of channel vectors (an inference BatchNormalization) in one pass over a plane; no
+ * FMA contraction (-std=c11), so each result is rounded as the two ops round it.  y may be x. */
+VECTOR_CLONES
+static void scale_shift_row(const float *x, float *y, int64_t n, float s, float t, int relu)
+{
+    if (relu)
+        for (int64_t i = 0; i < n; ++i) {
+            float v = x[i] * s + t;
+            y[i] = (v < 0.0f) ? 0.0f : v;
+        }
+    else
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s + t;
+}
+
+/* A chain that starts Mul then Add by sides of one (period, inner) geometry with planes of
+ * inner >= 2 elements, followed by activations only. */
+static int chain_is_channel_affine(int64_t n, int n_ops, const int32_t *ops,
+                                   const int64_t *geometry)
+{
+    if (n_ops < 2 || ops[0] != CHAIN_BINARY || ops[1] != BIN_MUL || ops[3] != CHAIN_BINARY
+        || ops[4] != BIN_ADD)
+        return 0;
+    if (geometry[0] != geometry[2] || geometry[1] != geometry[3] || geometry[1] < 2
+        || n % geometry[1] != 0)
+        return 0;
+    for (int k = 2; k < n_ops; ++k)
+        if (ops[3 * k] != CHAIN_ACTIVATION)
+            return 0;
+    return 1;
+}
+
+/* chain_f32 for chain_is_channel_affine chains: plane by plane, the plane's scale and shift
+ * (and a first ReLU) in one pass, any further activations over the block still in cache. */
+static void chain_channel_affine(const float *x, float *y, int64_t n, int n_ops,
+                                 const int32_t *ops, const float *params,
+                                 const float *const *sides, const int64_t *geometry, int threads)
+{
+    int64_t period = geometry[0], inner = geometry[1], planes = n / inner;
+    int relu = n_ops > 2 && ops[7] == ACT_RELU;
+    int rest = relu ? 3 : 2;
+    PARALLEL_FOR(threads, for (int64_t p = 0; p < planes; ++p) {
+        int64_t c = p % period;
+        for (int64_t start = 0; start < inner; start += CHAIN_BLOCK) {
+            int64_t len = inner - start < CHAIN_BLOCK ? inner - start : CHAIN_BLOCK;
+            float *yb = y + p * inner + start;
+            scale_shift_row(x + p * inner + start, yb, len, sides[0][c], sides[1][c], relu);
+            for (int k = rest; k < n_ops; ++k)
+                activate_inplace(yb, (size_t)len, ops[3 * k + 1], params[2 * k],
+                                 params[2 * k + 1]);
+        }
+    });
+}
+
 void chain_f32(const float *x, float *y, int64_t n, int n_ops, const int32_t *ops,
                const float *params, const float *const *sides, const int64_t *geometry)
 {
+    if (chain_is_channel_affine(n, n_ops, ops, geometry)) {
+        chain_channel_affine(x, y, n, n_ops, ops, params, sides, geometry,
+                             threads_for((size_t)n * (size_t)n_ops));
+        return;
+    }
     int64_t blocks = (n + CHAIN_BLOCK - 1) / CHAIN_BLOCK;
     size_t work = (size_t)n * (size_t)(n_ops > 0 ? n_ops : 1);
     PARALLEL_FOR(threads_for(work),
