@@ -18,7 +18,7 @@ from reference.registry import lookup
 
 from . import decoder_ops, kernels
 from .passes.fuse_bias_activation import CONV_HARD_SWISH
-from .passes.gqa_fusion import GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
+from .passes.gqa_fusion import CAUSAL_PADDING_MASK, GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
 from .passes.rotary_fusion import ROTARY, ROTARY_INTERLEAVED
 from .passes.silu_mlp_fusion import FUSED_DOMAIN, SILU_MUL
 from .plan import ALIAS
@@ -470,6 +470,7 @@ KERNELS = {
     (FUSED_DOMAIN, ROTARY_INTERLEAVED): decoder_ops.rotary_interleaved,
     (FUSED_DOMAIN, GROUPED_ATTENTION): decoder_ops.grouped_attention,
     (FUSED_DOMAIN, GROUPED_ATTENTION_MASKED): decoder_ops.grouped_attention_masked,
+    (FUSED_DOMAIN, CAUSAL_PADDING_MASK): decoder_ops.causal_padding_mask,
     (MS, "RotaryEmbedding"): decoder_ops.rotary_embedding,
     (MS, "GroupQueryAttention"): decoder_ops.group_query_attention,
 }

@@ -154,6 +154,37 @@ def grouped_attention_masked(q, k, v, kv_heads, mask, *, scale=1.0):
     return _grouped(q, k, v, kv_heads, mask, scale)
 
 
+# the causal and padding mask (gqa_fusion's CausalPaddingMask) -------------------------------
+def _mask_body(attention_mask, start, end, fill):
+    """The function body, op by op through the reference ops."""
+    unsqueeze = _op("Unsqueeze", 13)
+    one = np.ones((), np.asarray(end).dtype)
+    keys = _op("Range", 11)(np.zeros((), one.dtype), end, one)
+    queries = _op("Range", 11)(start, end, one)
+    causal = _op("LessOrEqual", 16)(keys, unsqueeze(queries, np.array([1], np.int64)))
+    padding = _op("Cast", 13)(attention_mask, to=9)  # BOOL
+    allowed = _op("And", 7)(unsqueeze(causal, np.array([0, 1], np.int64)),
+                            unsqueeze(padding, np.array([1, 2], np.int64)))
+    return _op("Where", 16)(allowed, np.float32(0.0), np.float32(fill))
+
+
+def causal_padding_mask(attention_mask, start, end, *, fill):
+    """(B, 1, end - start, end): 0 where key j <= start + i and attention_mask[b, j] != 0,
+    else fill.  Made at once for a 2-D numeric mask of the keys' width and int64 scalars;
+    anything else (and bad input, which it reports) goes through the body."""
+    plain = (isinstance(attention_mask, np.ndarray) and attention_mask.ndim == 2
+             and attention_mask.dtype.kind in "biuf" and all(
+                 isinstance(a, np.ndarray) and a.shape == () and a.dtype == np.int64
+                 for a in (start, end)))
+    if not plain or attention_mask.shape[1] != int(end) or int(start) > int(end):
+        return _mask_body(attention_mask, start, end, fill)
+    start, end = int(start), int(end)
+    keys = np.arange(end)
+    causal = keys[None, :] <= np.arange(start, end)[:, None]
+    allowed = causal[None, None] & (attention_mask != 0)[:, None, None, :]
+    return np.where(allowed, np.float32(0.0), np.float32(fill))
+
+
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
                           seqlens_k=None, total_sequence_length=None, cos_cache=None,
                           sin_cache=None, position_ids=None, attention_bias=None,

@@ -53,6 +53,7 @@ from ._graph import (
 
 GROUPED_ATTENTION = "GroupedAttention"
 GROUPED_ATTENTION_MASKED = "GroupedAttentionMasked"
+CAUSAL_PADDING_MASK = "CausalPaddingMask"
 KEY_T = [0, 1, 3, 2]
 HEADS_BACK = [0, 2, 1, 3]
 LOWEST_FILL = -1e30  # a finite Where fill must be at least this negative (see above)
@@ -84,9 +85,11 @@ def fuse_grouped_attention(model: onnx.ModelProto) -> onnx.ModelProto:
         new = []
         if where is not None:
             if where not in additive:
-                made = _additive_mask(graph, where)
+                made = _additive_mask(graph, where, view)
                 additive[where] = made.output[0]
                 new.append(made)
+                if made.op_type == CAUSAL_PADDING_MASK:
+                    used.add(CAUSAL_PADDING_MASK)
             mask = additive[where]
         op_type = GROUPED_ATTENTION_MASKED if mask else GROUPED_ATTENTION
         inputs = [q, k, v, tables[key]] + ([mask] if mask else [])
@@ -97,7 +100,9 @@ def fuse_grouped_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     if not used:
         return model
     set_nodes(graph, nodes)
-    add_fused_functions(model, used, lambda op_type: grouped_attention_function(op_type, opset))
+    add_fused_functions(model, used, lambda op_type: (
+        causal_padding_mask_function(opset) if op_type == CAUSAL_PADDING_MASK
+        else grouped_attention_function(op_type, opset)))
     return model
 
 
@@ -123,11 +128,88 @@ def grouped_attention_function(op_type: str, opset: int) -> onnx.FunctionProto:
                                 [helper.make_opsetid("", opset)], attributes=["scale"])
 
 
-def _additive_mask(graph, where):
-    """Where(cond, 0, fill) (kept where cond) or Where(cond, fill, 0) (masked where cond).  It
-    goes where the first fused attention reading it stood: cond is made before that, and every
-    later reader comes after it."""
+def causal_padding_mask_function(opset: int) -> onnx.FunctionProto:
+    """The body of CausalPaddingMask(attention_mask, start, end) with attribute fill: 0 where
+    key j (of 0..end-1) is at most query position start + i and attention_mask[b, j] is not 0,
+    else fill; shape (B, 1, end - start, end) (the key axis broadcast with the mask's)."""
+    fill = helper.make_node("Constant", [], ["fill"])
+    fill.attribute.append(helper.make_attribute_ref("value_float", AttributeProto.FLOAT))
+    fill.attribute[0].ref_attr_name = "fill"
+    const = lambda name, value: helper.make_node(  # noqa: E731
+        "Constant", [], [name], value=onnx.numpy_helper.from_array(np.array(value), name))
+    body = [const("zero", np.int64(0)), const("one", np.int64(1)),
+            const("axes_query", np.array([1], np.int64)),
+            const("axes_causal", np.array([0, 1], np.int64)),
+            const("axes_padding", np.array([1, 2], np.int64)),
+            const("kept", np.float32(0.0)), fill,
+            helper.make_node("Range", ["zero", "end", "one"], ["keys"]),
+            helper.make_node("Range", ["start", "end", "one"], ["queries"]),
+            helper.make_node("Unsqueeze", ["queries", "axes_query"], ["query_column"]),
+            helper.make_node("LessOrEqual", ["keys", "query_column"], ["causal"]),
+            helper.make_node("Unsqueeze", ["causal", "axes_causal"], ["causal_4d"]),
+            helper.make_node("Cast", ["attention_mask"], ["padding"], to=onnx.TensorProto.BOOL),
+            helper.make_node("Unsqueeze", ["padding", "axes_padding"], ["padding_4d"]),
+            helper.make_node("And", ["causal_4d", "padding_4d"], ["allowed"]),
+            helper.make_node("Where", ["allowed", "kept", "fill"], ["y"])]
+    return helper.make_function(FUSED_DOMAIN, CAUSAL_PADDING_MASK,
+                                ["attention_mask", "start", "end"], ["y"], body,
+                                [helper.make_opsetid("", opset)], attributes=["fill"])
+
+
+def _causal_padding(cond, view):
+    """(attention_mask, start, end) where cond is dynamo's causal-and-padding condition (see
+    the module's text) and no piece of it but cond is read elsewhere; else None."""
+    both = view.producer(cond, "And")
+    if both is None:
+        return None
+    for causal_4d, padding_4d in (both.input, reversed(both.input)):
+        causal_up = _unsqueezed(causal_4d, [0, 1], view)
+        padding_up = _unsqueezed(padding_4d, [1, 2], view)
+        if causal_up is None or padding_up is None:
+            continue
+        compare = view.producer(causal_up.input[0], "LessOrEqual")
+        cast = view.producer(padding_up.input[0], "Cast")
+        if compare is None or cast is None or attr(cast, "to", 0) != onnx.TensorProto.BOOL:
+            continue
+        column = _unsqueezed(compare.input[1], [1], view)
+        keys = view.producer(compare.input[0], "Range")
+        queries = view.producer(column.input[0], "Range") if column is not None else None
+        if keys is None or queries is None or keys.input[1] != queries.input[1]:
+            continue
+        if view.ints(keys.input[0]) != [0] or view.ints(keys.input[2]) != [1] or view.ints(
+                queries.input[2]) != [1]:
+            continue
+        attention_mask, start, end = cast.input[0], queries.input[0], keys.input[1]
+        if view.shapes.rank(attention_mask) != 2 or any(
+                view.shapes.elem_type(n) != onnx.TensorProto.INT64 for n in (start, end)):
+            continue
+        pieces = [both, causal_up, padding_up, compare, cast, column, keys, queries]
+        if private_values(pieces, {cond}, view.uses, view.outputs):
+            return attention_mask, start, end
+    return None
+
+
+def _unsqueezed(name, axes, view):
+    """The Unsqueeze making `name` when it inserts exactly `axes`, else None."""
+    node = view.producer(name, "Unsqueeze")
+    if node is None:
+        return None
+    found = view.ints(node.input[1]) if len(node.input) > 1 else attr(node, "axes", None)
+    return node if found is not None and list(found) == axes else None
+
+
+def _additive_mask(graph, where, view):
+    """Where(cond, 0, fill) (kept where cond) or Where(cond, fill, 0) (masked where cond), or
+    CausalPaddingMask for dynamo's causal-and-padding cond.  It goes where the first fused
+    attention reading it stood: cond is made before that, and every later reader comes after
+    it."""
     cond, fill, keep_when_true = where
+    causal = _causal_padding(cond, view) if keep_when_true else None
+    if causal is not None and cond not in view.outputs and all(
+            r.op_type == "Where" for r in view.uses.get(cond, [])):
+        out = unique_name(graph, f"{cond}_additive")
+        return helper.make_node(CAUSAL_PADDING_MASK, list(causal), [out], name=out,
+                                domain=FUSED_DOMAIN, fill=float(fill))
     zero = add_initializer(graph, "mask_zero", np.zeros((), np.float32))
     filled = add_initializer(graph, "mask_fill", np.array(fill, np.float32))
     out = unique_name(graph, f"{cond}_additive")
