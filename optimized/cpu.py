@@ -21,6 +21,7 @@ from .passes.fuse_bias_activation import CONV_HARD_SWISH
 from .passes.gqa_fusion import CAUSAL_PADDING_MASK, GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
 from .passes.rotary_fusion import ROTARY, ROTARY_INTERLEAVED
 from .passes.silu_mlp_fusion import FUSED_DOMAIN, SILU_MUL
+from .passes.weight_packing import PACKED_MATMUL
 from .plan import ALIAS
 
 MS = "com.microsoft"
@@ -165,6 +166,18 @@ def _matmul(a, b, alpha=1.0, trans_a=False, trans_b=False):
 @float32_only
 def matmul(a, b):
     return _matmul(a, b)
+
+
+@float32_only
+def packed_matmul(a, panels):
+    """PackedMatMul (optimized/passes/weight_packing.py): A times the B that `panels` holds,
+    the packed GEMM over the panels as they are, whatever A's rows."""
+    if a.ndim < 1:
+        return NotImplemented
+    packed = kernels.PackedWeights.from_panels(panels)
+    rows = int(np.prod(a.shape[:-1]))
+    y = kernels.gemm_packed(np.ascontiguousarray(a).reshape(rows, a.shape[-1]), packed)
+    return y.reshape(a.shape[:-1] + (packed.n,))
 
 
 @float32_only
@@ -452,6 +465,7 @@ KERNELS = {
     (MS, "FusedGemm"): gemm,
     ("", "MatMul"): matmul,
     (MS, "FusedMatMul"): fused_matmul,
+    (FUSED_DOMAIN, PACKED_MATMUL): packed_matmul,
     ("", "Conv"): conv,
     (MS, "FusedConv"): fused_conv,
     (FUSED_DOMAIN, CONV_HARD_SWISH): conv_hard_swish,
@@ -612,6 +626,17 @@ def _matmul_steps(ins, outs, *, alpha=1.0, transA=0, transB=0, transBatchA=0, tr
                                   -1, None, outs[0].slot, alpha=alpha, trans_b=bool(transB))]
     return [kernels.matmul_step(a.slot, a.shape, b.slot, b.shape, outs[0].slot, alpha=alpha,
                                 trans_a=bool(transA), trans_b=bool(transB))]
+
+
+@_described
+def _packed_matmul_steps(ins, outs):
+    a, panels = ins[:2]
+    if panels.value is None or not a.shape:
+        return None
+    packed = kernels.PackedWeights.from_panels(panels.value)
+    rows = int(np.prod(a.shape[:-1]))
+    return [kernels.gemm_packed_step(a.slot, (rows, a.shape[-1]), packed, -1, None,
+                                     outs[0].slot)]
 
 
 @_described
@@ -1060,6 +1085,7 @@ C_STEPS = {
     (MS, "FusedGemm"): _gemm_steps,
     ("", "MatMul"): _matmul_steps,
     (MS, "FusedMatMul"): _matmul_steps,
+    (FUSED_DOMAIN, PACKED_MATMUL): _packed_matmul_steps,
     ("", "Softmax"): _softmax_steps,
     ("", "LayerNormalization"): _layer_norm_steps,
     ("", "RMSNormalization"): _rms_norm_steps,

@@ -475,11 +475,48 @@ class PackedWeights:
     __slots__ = ("data", "k", "n")
 
     def __init__(self, b: np.ndarray, *, trans_b: bool = False):
-        b = _f32("B", b)
-        _rank("B", b, 2)
-        self.k, self.n = (int(d) for d in (b.shape[::-1] if trans_b else b.shape))
-        self.data = np.empty(lib.gemm_packed_b_floats(self.k, self.n), np.float32)
-        lib.gemm_pack_b(_ptr(b), int(bool(trans_b)), self.k, self.n, _ptr(self.data))
+        panels = pack_b_panels(b, trans_b=trans_b)
+        self.k, self.n = panels.shape[1], (b.shape[0] if trans_b else b.shape[1])
+        self.data = panels.reshape(-1)
+
+    @classmethod
+    def from_panels(cls, panels: np.ndarray, n: int | None = None) -> PackedWeights:
+        """A view of panels that pack_b_panels made (shape (panels, k, 16), float32,
+        C-contiguous); n columns of B (all 16 * panels when None)."""
+        panels = _f32("packed panels", panels)
+        _rank("packed panels", panels, 3)
+        count, k, cols = panels.shape
+        n = count * PANEL_COLS if n is None else int(n)
+        if cols != PANEL_COLS or not panels.flags.c_contiguous or not (
+                (count - 1) * PANEL_COLS < n <= count * PANEL_COLS):
+            raise ValueError(f"packed panels of shape {list(panels.shape)} for {n} columns: "
+                             f"expected ({-(-n // PANEL_COLS)}, k, {PANEL_COLS}), C-contiguous")
+        weights = cls.__new__(cls)
+        weights.k, weights.n, weights.data = k, n, panels.reshape(-1)
+        return weights
+
+
+# columns of one panel of csrc/gemm_packed.c
+PANEL_COLS = 16
+
+
+def pack_b_panels(b: np.ndarray, *, trans_b: bool = False) -> np.ndarray:
+    """B (k, n), or (n, k) with trans_b, as the packed GEMM's panels: shape
+    (ceil(n / 16), k, 16), panel p holding columns 16p .. 16p + 15 row after row, the last
+    panel padded with zeros.  unpack_b_panels gives B back bit for bit."""
+    b = _f32("B", b)
+    _rank("B", b, 2)
+    k, n = (int(d) for d in (b.shape[::-1] if trans_b else b.shape))
+    panels = np.empty((-(-n // PANEL_COLS), k, PANEL_COLS), np.float32)
+    lib.gemm_pack_b(_ptr(b), int(bool(trans_b)), k, n, _ptr(panels))
+    return panels
+
+
+def unpack_b_panels(panels: np.ndarray, n: int, *, trans_b: bool = False) -> np.ndarray:
+    """The B that pack_b_panels packed into `panels` (n columns): a new array, bit for bit."""
+    count, k, cols = panels.shape
+    b = panels.transpose(1, 0, 2).reshape(k, count * cols)[:, :n]
+    return np.array(b.T if trans_b else b, order="C")
 
 
 def gemm_packed(a: np.ndarray, b: PackedWeights, c: np.ndarray | None = None, *,

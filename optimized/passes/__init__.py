@@ -31,6 +31,7 @@ from .qdq_matmul_nbits import fuse_dequantize_matmul
 from .rms_norm_fusion import fuse_rms_norm
 from .rotary_fusion import fuse_rotary
 from .silu_mlp_fusion import fuse_silu_mlp
+from .weight_packing import pack_matmul_weights
 
 
 class Pass(NamedTuple):
@@ -69,6 +70,8 @@ PASSES: list[Pass] = [
     Pass("fuse_bias_activation", 2, fuse_bias_activation,
          anchors=frozenset({"Conv", "Gemm", "MatMul"})),
     Pass("dead_code_after_fusion", 2, eliminate_dead_code),
+    Pass("weight_packing", 99, pack_matmul_weights, uses_store=True,
+         anchors=frozenset({"MatMul"})),
 ]
 
 
