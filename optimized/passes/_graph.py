@@ -33,6 +33,8 @@ class WorkingModel:
         self.serialized = self.model.SerializeToString()
         self.version = 0
         self.types: dict = {}  # (version, data_prop) -> inferred types
+        # data_prop -> (the types last inferred, the names that have lived since): see VersionTypes
+        self.carried: dict = {}
         self.views: dict = {}  # kind -> (version, the nodes it was built on, view)
 
     def update(self, model: onnx.ModelProto) -> bool:
@@ -43,7 +45,12 @@ class WorkingModel:
             return False
         self.serialized = serialized
         self.version += 1
+        self.carried.update((data_prop, found) for (_, data_prop), found in self.types.items())
         self.types.clear()
+        if self.carried:
+            present = value_names(model.graph)
+            self.carried = {data_prop: (types, names & present)
+                            for data_prop, (types, names) in self.carried.items()}
         return True
 
 
@@ -435,26 +442,22 @@ class Shapes:
 
     def __init__(self, model, data_prop: bool = False):
         # data_prop: shapes computed in the graph (Shape, Gather, Concat) are followed too
-        self._infer = _types_as_now(model, data_prop)  # inferred on the first question only
-        self._infos: dict | None = None
+        self._types = _types_as_now(model, data_prop)  # inferred on the first question only
         self._graph = model.graph
         # an initializer's own type and shape where inference names none (built on first use)
         self._initializers: dict | None = None
-
-    @property
-    def infos(self) -> dict:
-        if self._infos is None:
-            self._infos = dict(self._infer())
-        return self._infos
+        self._initializer_types: dict = {}
 
     def _type(self, name):
-        tp = self.infos.get(name)
+        tp, self._source = _typed(self._types, name)
         if tp is None:
+            if name in self._initializer_types:
+                return self._initializer_types[name]
             if self._initializers is None:
                 self._initializers = {i.name: (i.data_type, list(i.dims))
-                                      for i in self._graph.initializer if i.name not in self.infos}
+                                      for i in self._graph.initializer}
             if name in self._initializers:
-                tp = self.infos[name] = helper.make_tensor_type_proto(
+                tp = self._initializer_types[name] = helper.make_tensor_type_proto(
                     *self._initializers.pop(name))
         return tp
 
@@ -472,8 +475,15 @@ class Shapes:
         tt = tp.tensor_type
         if not tt.HasField("shape"):
             return None
-        return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+        return [d.dim_value if d.HasField("dim_value") else self._symbol(d.dim_param)
                 for d in tt.shape.dim]
+
+    def _symbol(self, dim_param: str):
+        """The dimension's name; one that inference made up (unk__N) names the inference too:
+        each numbers its own from 0, and a version's types may come from two of them."""
+        if dim_param.startswith(GENERATED_SYMBOL):
+            return f"{dim_param}@{self._source}"
+        return dim_param or None
 
     def rank(self, name):
         shape = self.shape(name)
@@ -513,22 +523,75 @@ def shared_inference():
 
 
 def _types_as_now(model, data_prop: bool):
-    """A function giving the model's inferred types as they are now, even once a pass has
-    edited the model meanwhile: of the working model, those of its version (inferred from the
-    version's bytes, and shared); of another model, inferred now."""
+    """The model's inferred types as they are now (a mapping asked with get), even once a pass
+    has edited the model meanwhile: of the working model, those of its version (VersionTypes);
+    of another model, inferred now."""
     working = _WORKING.get()
     if working is None or working.model is not model:
-        types = _inferred_types(model, data_prop)
-        return lambda: types
-    key, serialized = (working.version, data_prop), working.serialized
+        return _inferred_types(model, data_prop)
+    return VersionTypes(working, data_prop)
 
-    def types():
-        if key not in working.types:
-            version = onnx.ModelProto.FromString(serialized)  # a copy of its own, to lighten
-            working.types[key] = _inferred_types(version, data_prop, lighten_in_place=True)
-        return working.types[key]
 
-    return types
+# the prefix of the dimension names onnx shape inference makes up
+GENERATED_SYMBOL = "unk__"
+
+
+def _typed(types, name):
+    """(name's type or None, which inference gave it) from an inferred dict or VersionTypes."""
+    if isinstance(types, VersionTypes):
+        return types.typed(name)
+    return types.get(name), id(types)
+
+
+# whether a version's types are taken from an earlier version's inference where they can be
+# (a switch for the tests, which compare both ways)
+CARRY_TYPES = True
+
+
+class VersionTypes:
+    """The inferred types of the working model's current version (from the version's bytes, so
+    a pass editing the model meanwhile does not change them). A name that has lived since the
+    last version inferred has the type that inference gave it: a pass keeps a value's name only
+    for the same value (its fused node makes what the pattern made), so the type stays; the
+    version itself is inferred only when a name made since is asked (inference of a decoder's
+    graph cost 1.3 ms, and each fusion pass that changed the graph paid it again)."""
+
+    def __init__(self, working: WorkingModel, data_prop: bool):
+        self._working, self._data_prop = working, data_prop
+        self._key = (working.version, data_prop)
+        self._serialized = working.serialized
+
+    def get(self, name):
+        return self.typed(name)[0]
+
+    def typed(self, name):
+        """(name's type or None, the id of the inference's types it came from)."""
+        working = self._working
+        found = working.types.get(self._key)
+        if found is None:
+            carried = working.carried.get(self._data_prop)
+            if CARRY_TYPES and carried is not None and name in carried[1]:
+                found = carried
+            else:
+                found = self._inferred()
+        return found[0].get(name), id(found[0])
+
+    def _inferred(self):
+        working = self._working
+        if self._key not in working.types:
+            version = onnx.ModelProto.FromString(self._serialized)  # its own copy, to lighten
+            names = value_names(version.graph)
+            working.types[self._key] = (_inferred_types(version, self._data_prop,
+                                                        lighten_in_place=True), names)
+        return working.types[self._key]
+
+
+def value_names(graph) -> set[str]:
+    """The names of a graph's inputs, initializers and node outputs."""
+    names = {i.name for i in graph.input}
+    names.update(i.name for i in graph.initializer)
+    names.update(o for n in graph.node for o in n.output if o)
+    return names
 
 
 def _inferred_types(model, data_prop: bool, lighten_in_place: bool = False) -> dict:

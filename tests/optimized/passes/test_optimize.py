@@ -290,7 +290,40 @@ def test_passes_that_change_nothing_share_one_shape_inference(monkeypatch):
     calls.clear()
     passes_of(monkeypatch, look, rename, look)
     optimize(two_relus(), 1)
-    assert len(calls) == 2  # a changed model is inferred anew
+    assert len(calls) == 1  # "h" has lived since it was inferred: its type stays
+
+
+def test_a_changed_model_is_inferred_anew_when_a_name_made_since_is_asked(monkeypatch):
+    from optimized.passes import _graph
+
+    calls = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    seen = []
+
+    def look(name):
+        def ask(model):
+            seen.append(_graph.Shapes(model).shape(name))
+            return model
+        return ask
+
+    def remake_h(model):  # "h" is made anew (as a pass's unique_name may reuse a dropped name)
+        model = _graph.copy_model(model)
+        model.graph.node[0].output[0] = "g"
+        model.graph.node[1].input[0] = "g"
+        return model
+
+    def transpose_g(model):
+        model = _graph.copy_model(model)
+        model.graph.node[1].input[0] = "h"
+        model.graph.node.insert(1, helper.make_node("Transpose", ["g"], ["h"]))
+        return model
+
+    passes_of(monkeypatch, look("h"), remake_h, transpose_g, look("h"), look("g"))
+    optimize(two_relus(), 1)
+    assert seen == [[2, 3], [3, 2], [2, 3]]  # "g" is asked of the inference "h" needed
+    assert len(calls) == 2
 
 
 def test_shapes_are_inferred_when_first_asked_as_the_graph_was_when_made(monkeypatch):
