@@ -166,7 +166,8 @@ def _filled_elements(values: dict, node) -> int:
     if shape is None or shape.ndim != 1 or shape.dtype.kind not in "iu":
         return 0
     # Python integers: an int64 product could wrap past the size limit it is checked against
-    return math.prod(int(d) for d in shape) if np.all(shape >= 0) else 0
+    sizes = shape.tolist()
+    return math.prod(sizes) if all(d >= 0 for d in sizes) else 0
 
 
 def _evaluate(model, nodes, values, max_made=None):

@@ -83,12 +83,16 @@ def constant_fill(node, constants: Constants):
     if not node.input or not node.input[0] or node.input[0] not in constants:
         return None
     shape = constants.get(node.input[0])
-    if shape.ndim != 1 or shape.dtype != np.int64 or np.any(shape < 0):
+    if shape.ndim != 1 or shape.dtype != np.int64:
+        return None
+    # as Python ints: numpy's reductions cost more than the rest on a vector of a few sizes
+    sizes = shape.tolist()
+    if any(d < 0 for d in sizes):
         return None  # the run reports a bad shape, naming the node
     value, data_type = _value(node)
     if value is None:
         return None
-    return [int(d) for d in shape], value, data_type
+    return sizes, value, data_type
 
 
 def _value(node):
