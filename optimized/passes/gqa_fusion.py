@@ -135,13 +135,11 @@ def causal_padding_mask_function(opset: int) -> onnx.FunctionProto:
     fill = helper.make_node("Constant", [], ["fill"])
     fill.attribute.append(helper.make_attribute_ref("value_float", AttributeProto.FLOAT))
     fill.attribute[0].ref_attr_name = "fill"
-    const = lambda name, value: helper.make_node(  # noqa: E731
-        "Constant", [], [name], value=onnx.numpy_helper.from_array(np.array(value), name))
-    body = [const("zero", np.int64(0)), const("one", np.int64(1)),
-            const("axes_query", np.array([1], np.int64)),
-            const("axes_causal", np.array([0, 1], np.int64)),
-            const("axes_padding", np.array([1, 2], np.int64)),
-            const("kept", np.float32(0.0)), fill,
+    body = [_constant("zero", np.int64(0)), _constant("one", np.int64(1)),
+            _constant("axes_query", np.array([1], np.int64)),
+            _constant("axes_causal", np.array([0, 1], np.int64)),
+            _constant("axes_padding", np.array([1, 2], np.int64)),
+            _constant("kept", np.float32(0.0)), fill,
             helper.make_node("Range", ["zero", "end", "one"], ["keys"]),
             helper.make_node("Range", ["start", "end", "one"], ["queries"]),
             helper.make_node("Unsqueeze", ["queries", "axes_query"], ["query_column"]),
@@ -154,6 +152,11 @@ def causal_padding_mask_function(opset: int) -> onnx.FunctionProto:
     return helper.make_function(FUSED_DOMAIN, CAUSAL_PADDING_MASK,
                                 ["attention_mask", "start", "end"], ["y"], body,
                                 [helper.make_opsetid("", opset)], attributes=["fill"])
+
+
+def _constant(name: str, value) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name],
+                            value=onnx.numpy_helper.from_array(np.array(value), name))
 
 
 def _causal_padding(cond, view):
