@@ -17,6 +17,7 @@ from reference.weights import (
     copy_without_weights,
     detach_initializers,
     is_stub,
+    read_model_bytes,
     read_model_file,
     store_of,
 )
@@ -100,11 +101,15 @@ def _parse(path_or_bytes, store: WeightStore) -> tuple[ModelProto, str | None]:
             raise InvalidModelError(f"cannot parse {path}: it is not an ONNX model (no graph)")
         return model, os.path.dirname(os.path.abspath(path))
     if isinstance(path_or_bytes, (bytes, bytearray)):
-        try:
-            model = onnx.load_model_from_string(bytes(path_or_bytes))
-        except Exception as e:
-            raise InvalidModelError(f"cannot parse model bytes: {e}") from e
-        detach_initializers(model, store)
+        # walked like a file: a parsed ModelProto would hold every weight's bytes until it is
+        # freed (its fields are cleared in place), beside the caller's bytes and the arrays
+        model = read_model_bytes(path_or_bytes, store)
+        if model is None:
+            try:
+                model = onnx.load_model_from_string(bytes(path_or_bytes))
+            except Exception as e:
+                raise InvalidModelError(f"cannot parse model bytes: {e}") from e
+        detach_initializers(model, store)  # what the walk left: data not in raw_data
         return model, None
     if isinstance(path_or_bytes, ModelProto):
         return copy_without_weights(path_or_bytes, store), None  # the caller's model stays as it is

@@ -11,6 +11,7 @@ no TensorProto ever holds a large initializer's bytes.
 """
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import secrets
@@ -371,27 +372,37 @@ def _read_graph(f, start: int, length: int, store: WeightStore) -> bytes:
 def read_model_file(path: str, store: WeightStore) -> ModelProto | None:
     """The model in `path`, its large main-graph initializers as stubs in `store`; None when the
     file is not a protobuf this reader walks (onnx.load then reads it, or says why it cannot)."""
-    skeleton = bytearray()
     with open(path, "rb") as f:
-        end = f.seek(0, 2)
-        f.seek(0)
-        graphs = 0
-        try:
-            for number, wire, at, size in _fields(f, end):
-                if number == _MODEL_GRAPH and wire == _LENGTH_DELIMITED:
-                    graphs += 1
-                    if graphs > 1:
-                        raise _Unreadable("two graph fields")
-                    payload = _read_graph(f, at, size, store)
-                else:
-                    payload = _read_exactly(f, at, size)
-                skeleton += _field_bytes(number, wire, payload)
-            return ModelProto.FromString(bytes(skeleton))
-        except Exception:  # noqa: BLE001 - anything odd: onnx.load reads it, or names the fault
-            store.arrays.clear()
-            return None
+        return _read_model(f, store)
+
+
+def read_model_bytes(data: bytes, store: WeightStore) -> ModelProto | None:
+    """read_model_file over a serialized model in memory: the initializers go from `data` into
+    their arrays, with no parsed ModelProto holding a second copy of them meanwhile."""
+    return _read_model(io.BytesIO(data), store)  # shares bytes' buffer: no copy
+
+
+def _read_model(f, store: WeightStore) -> ModelProto | None:
+    skeleton = bytearray()
+    end = f.seek(0, 2)
+    f.seek(0)
+    graphs = 0
+    try:
+        for number, wire, at, size in _fields(f, end):
+            if number == _MODEL_GRAPH and wire == _LENGTH_DELIMITED:
+                graphs += 1
+                if graphs > 1:
+                    raise _Unreadable("two graph fields")
+                payload = _read_graph(f, at, size, store)
+            else:
+                payload = _read_exactly(f, at, size)
+            skeleton += _field_bytes(number, wire, payload)
+        return ModelProto.FromString(bytes(skeleton))
+    except Exception:  # noqa: BLE001 - anything odd: onnx.load reads it, or names the fault
+        store.arrays.clear()
+        return None
 
 
 __all__ = ["MEMORY_LOCATION", "WeightStore", "attached", "checkable", "copy_without_initializers", "copy_without_weights",
-           "detach_initializers", "is_stub", "read_model_file", "store_of", "stored_array",
+           "detach_initializers", "is_stub", "read_model_bytes", "read_model_file", "store_of", "stored_array",
            "tensor_array"]
