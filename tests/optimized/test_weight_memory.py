@@ -210,7 +210,12 @@ def test_bytes_are_walked_into_the_store_as_a_file_is(tmp_path):
     assert read_model_bytes(path.read_bytes()[:-100], store) is None and store.arrays == {}
 
 
-def test_a_session_from_bytes_runs_as_from_its_model_and_names_bad_bytes():
+@pytest.mark.parametrize("walk_bytes", [0, None], ids=["walked", "parsed"])
+def test_a_session_from_bytes_runs_as_from_its_model_and_names_bad_bytes(monkeypatch, walk_bytes):
+    import optimized.loading
+
+    if walk_bytes is not None:  # small bytes are parsed whole; here they are walked too
+        monkeypatch.setattr(optimized.loading, "WALK_BYTES", walk_bytes)
     model = mixed_weights_model()
     x = np.random.default_rng(4).standard_normal((3, 48), dtype=np.float32)
     got = optimized.InferenceSession(model.SerializeToString()).run(None, {"x": x})
