@@ -117,18 +117,30 @@ static int conv_im2col(const float *x, const struct conv_geometry *g, int64_t ba
     int64_t out_per_group = out_c / group, depth = g->channels * g->k_h * g->k_w;
     size_t plane = (size_t)g->out_h * g->out_w, in_plane = (size_t)g->in_h * g->in_w;
     int64_t columns = block_columns(depth, plane);
-    /* one image whose plane fits one block (a strided 1x1 convolution of resnet50) would run
-     * on one thread: split its plane so that every thread gets a block */
-    int64_t pool = kernels_get_num_threads();
-    if ((int64_t)batch * group * (((int64_t)plane + columns - 1) / columns) < pool) {
+    int64_t blocks = ((int64_t)plane + columns - 1) / columns;
+    /* One image whose plane fits one block (a strided 1x1 convolution of resnet50) would run
+     * on one thread.  Its output channels are cut into one chunk per thread instead, in whole
+     * 16-row tiles of the GEMM: each chunk takes every column, so the shares are even (cutting
+     * the plane into 16-column pieces gave 112 and 84 of 196 positions, or 32 and 17 of 49),
+     * at the price of one more im2col of the block per chunk (depth x columns copies against
+     * depth x columns x channels multiply-adds).  With fewer tiles than that, the plane is
+     * cut instead. */
+    int64_t units = (int64_t)batch * group * blocks, pool = kernels_get_num_threads();
+    int64_t chunks = 1, per_chunk = out_per_group, tiles = (out_per_group + 15) / 16;
+    if (units < pool && tiles >= pool / units) {
+        chunks = pool / units;
+        per_chunk = (tiles + chunks - 1) / chunks * 16;
+        chunks = (out_per_group + per_chunk - 1) / per_chunk;
+    } else if (units < pool) { /* too few channels: one piece of the plane per thread */
         int64_t share = ((int64_t)plane + pool - 1) / pool;
         share = (share + 15) / 16 * 16;
         if (share < columns)
             columns = share;
+        blocks = ((int64_t)plane + columns - 1) / columns;
+        units = (int64_t)batch * group * blocks;
     }
-    int64_t blocks = ((int64_t)plane + columns - 1) / columns;
-    int64_t tasks = (int64_t)batch * group * blocks;
-    size_t work = (size_t)tasks * columns * depth * (size_t)out_per_group / 64;
+    int64_t tasks = units * chunks;
+    size_t work = (size_t)units * columns * depth * (size_t)out_per_group / 64;
     int threads = threads_for(work);
     if (threads > tasks)
         threads = (int)tasks;
@@ -137,18 +149,20 @@ static int conv_im2col(const float *x, const struct conv_geometry *g, int64_t ba
         return -1;
     #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int64_t t = 0; t < tasks; ++t) {
-        int64_t image = t / (group * blocks), gi = (t / blocks) % group, blk = t % blocks;
+        int64_t unit = t / chunks, m0 = (t % chunks) * per_chunk;
+        int64_t m1 = m0 + per_chunk < out_per_group ? m0 + per_chunk : out_per_group;
+        int64_t image = unit / (group * blocks), gi = (unit / blocks) % group, blk = unit % blocks;
         int64_t start = blk * columns;
         int64_t count = (int64_t)plane - start < columns ? (int64_t)plane - start : columns;
         float *col = cols + (size_t)depth * columns * omp_get_thread_num();
         const float *xg = x + ((size_t)image * group * g->channels + (size_t)gi * g->channels) * in_plane;
-        size_t y_offset = ((size_t)image * out_c + (size_t)gi * out_per_group) * plane;
+        size_t y_offset = ((size_t)image * out_c + (size_t)gi * out_per_group + m0) * plane;
         im2col_block(xg, g, start, count, col);
-        gemm_block(0, 0, (int)out_per_group, (int)count, (int)depth, 1.0f,
-                   w + (size_t)gi * out_per_group * depth, (int)depth, col, (int)count, 0.0f,
-                   y + y_offset + start, (int)plane);
-        output_block(y + y_offset, bias != NULL ? bias + gi * out_per_group : NULL,
-                     residual != NULL ? residual + y_offset : NULL, out_per_group, plane, start,
+        gemm_block(0, 0, (int)(m1 - m0), (int)count, (int)depth, 1.0f,
+                   w + ((size_t)gi * out_per_group + m0) * depth, (int)depth, col, (int)count,
+                   0.0f, y + y_offset + start, (int)plane);
+        output_block(y + y_offset, bias != NULL ? bias + gi * out_per_group + m0 : NULL,
+                     residual != NULL ? residual + y_offset : NULL, m1 - m0, plane, start,
                      count, act, alpha, beta);
     }
     free(cols);

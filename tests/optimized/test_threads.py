@@ -70,7 +70,7 @@ def test_a_users_own_setting_is_kept(env, expected):
 
 def small_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """Conv + bias + Relu, a strided 1x1 Conv (our im2col kernel, whose one image must still
-    split across threads), a MaxPool, a MatMul over the flattened map and a Softmax: work big
+    split across threads, by output channels), a MaxPool, a MatMul over the flattened map and a Softmax: work big
     enough that the kernels split it across two threads (N=1, C=3, H=46, W=37; non-square so
     an axis mix-up shows)."""
     rng = np.random.default_rng(5)
@@ -114,14 +114,45 @@ def test_outputs_do_not_depend_on_the_thread_count(level):
     # work by output element, never a reduction between threads
     np.testing.assert_array_equal(y1, y2)
     np.testing.assert_array_equal(c1, c2)
-    # the strided 1x1 Conv's one image is cut into one block of its plane per thread, and the
-    # BLAS may take a narrower GEMM through another micro-kernel: a sum of 16 products (up to
+    # the strided 1x1 Conv's one image is cut into one chunk of its output channels per
+    # thread, and the BLAS may take a smaller GEMM through another micro-kernel: a sum of 16 products (up to
     # ~120 here) may round differently, by an ulp or two (7.6e-6 at 64 to 128)
     np.testing.assert_allclose(s1, s2, rtol=1e-6, atol=2e-5)
     # and both are right: float32 sums of up to 27 products (the 3x3 Conv), 16 (the 1x1) and
     # 6624 (the MatMul), blocked differently from the reference's NumPy
     for got, want in zip(outputs[2], ReferenceEvaluator(model).run(None, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("in_c, out_c, h, w", [
+    (24, 100, 13, 11),  # one image in one im2col block: its 7 tiles of channels are cut in two
+    (40, 8, 9, 7),  # one tile of channels: its plane is cut in two instead
+    (600, 50, 45, 41),  # 483 positions at depth 600 fill two im2col blocks: one per thread
+], ids=["channel-chunks", "plane-pieces", "blocks"])
+def test_strided_pointwise_conv_splits_give_the_one_thread_values(threads, in_c, out_c, h, w):
+    """A strided 1x1 Conv (csrc/conv.c's im2col kernel) with bias, residual and Relu, cut across
+    two threads by output channels, by pieces of the plane or by blocks: the values of one
+    thread and of the reference, channel by channel (a chunk's bias, residual or output row
+    taken from the wrong offset shows)."""
+    rng = np.random.default_rng(in_c * out_c)
+    x = rng.standard_normal((1, in_c, h, w)).astype(np.float32)
+    weight = (rng.standard_normal((out_c, in_c, 1, 1)) / 4).astype(np.float32)
+    bias = rng.standard_normal(out_c).astype(np.float32)
+    out_h, out_w = (h + 1) // 2, (w + 1) // 2
+    residual = rng.standard_normal((1, out_c, out_h, out_w)).astype(np.float32)
+    results = {}
+    for count in (1, 2):
+        threads(count)
+        results[count] = kernels.conv2d(x, weight, bias, strides=[2, 2], residual=residual,
+                                         activation="Relu")
+    expected = np.maximum(np.einsum("oc,chw->ohw", weight[:, :, 0, 0].astype(np.float64),
+                                    x[0, :, ::2, ::2].astype(np.float64))
+                          + bias[:, None, None] + residual[0], 0)
+    # the BLAS may take a GEMM of another width through another micro-kernel, so the two
+    # thread counts may differ by an ulp or two
+    np.testing.assert_allclose(results[2], results[1], rtol=1e-6, atol=4e-6)
+    # float32 sums of up to 600 products against float64 ones
+    np.testing.assert_allclose(results[2][0], expected, rtol=1e-4, atol=1e-4)
 
 
 # Prints the configured thread count and the count a kernel's team gets now, at 2 threads.
