@@ -177,7 +177,7 @@ AVX2 static inline __m256 odd8(const float *a)
 /* t[0..n) = the max (sum) of rows[0..count)[0..n), in row order, as pool_plane's loops.  With
  * padded, t's 8 floats after n may be written and are `fill` again on return: the last columns
  * are stored whole and then refilled (a masked store is slow on AMD: with this, 272 planes of
- * 14x14 at stride 2 took 44 us, 53 before, with the whole-vector stores of stride2_taps3). */
+ * 14x14 at stride 2 took 44 us, 53 before, with the whole-vector stores of stride2_taps_avx2). */
 AVX2 static void reduce_rows_avx2(int is_max, float *t, const float *const *rows, int64_t count,
                                   int64_t n, int padded, float fill)
 {
@@ -206,25 +206,43 @@ AVX2 static void reduce_rows_avx2(int is_max, float *t, const float *const *rows
     }
 }
 
-/* yrow[o] = the max of t[2o], t[2o+1], t[2o+2], or their sum over rows * col_count[o] (the
- * product exact in float: at most 64 * 3); t is readable to 2 * out_w + 18, col_count to
- * out_w + 8.  Vectors starting at o <= room are stored whole (room: how far the row may spill
- * into the plane's later rows, which are written after it). */
-AVX2 static void stride2_taps3_avx2(int is_max, float *yrow, const float *t, int64_t out_w,
-                                   float rows, const float *col_count, int64_t room)
+/* yrow[o] = the max of t[2o], t[2o+1] and, with 3 taps, t[2o+2], or their sum over rows *
+ * col_count[o] (the product exact in float: at most 64 * 3); t is readable to 2 * out_w + 18,
+ * col_count to out_w + 8.  Vectors starting at o <= room are stored whole (room: how far the
+ * row may spill into the plane's later rows, which are written after it). */
+AVX2 static void stride2_taps_avx2(int is_max, int taps, float *yrow, const float *t,
+                                   int64_t out_w, float rows, const float *col_count,
+                                   int64_t room)
 {
     __m256 row_count = _mm256_set1_ps(rows);
     for (int64_t o = 0; o < out_w; o += 8) {
         const float *a = t + 2 * o;
-        __m256 e = even8(a), d = odd8(a), e1 = even8(a + 2);
-        __m256 r = is_max ? max_nan8(max_nan8(e, d), e1)
-                          : _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(e, d), e1),
-                                          _mm256_mul_ps(row_count, _mm256_loadu_ps(col_count + o)));
+        __m256 r = is_max ? max_nan8(even8(a), odd8(a)) : _mm256_add_ps(even8(a), odd8(a));
+        if (taps == 3)
+            r = is_max ? max_nan8(r, even8(a + 2)) : _mm256_add_ps(r, even8(a + 2));
+        if (!is_max)
+            r = _mm256_div_ps(r, _mm256_mul_ps(row_count, _mm256_loadu_ps(col_count + o)));
         if (o <= room)
             _mm256_storeu_ps(yrow + o, r);
         else
             store_up_to8(yrow + o, r, out_w - o);
     }
+}
+
+/* taps_inside without its divisions when the taps are adjacent (two 64-bit divisions per output
+ * row were a fifth of a 14x14 plane's time at stride 2). */
+static inline void window_taps_inside(int64_t start, int64_t kernel, int64_t dil, int64_t lo,
+                                      int64_t hi, int64_t *first, int64_t *last)
+{
+    if (dil != 1) {
+        taps_inside(start, kernel, dil, lo, hi, first, last);
+        return;
+    }
+    int64_t f = start >= lo ? 0 : lo - start, l = start >= hi ? 0 : hi - start;
+    if (f > kernel) f = kernel;
+    if (l > kernel) l = kernel;
+    *first = f;
+    *last = l > f ? l : f;
 }
 
 /* Output row oy's window rows reduced into t + pad_left (the fill where none is inside), t's
@@ -234,17 +252,20 @@ AVX2 static float reduce_window_rows_avx2(const pool_geometry *gm, const float *
 {
     const float *rows[64];
     int64_t y0 = oy * gm->stride_h - gm->pad_top, fy, ly, py0, py1;
-    taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
+    window_taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
     for (int64_t ky = fy; ky < ly; ++ky) rows[ky - fy] = xp + (y0 + ky * gm->dil_h) * gm->in_w;
     if (fy < ly)
         reduce_rows_avx2(gm->is_max, t + gm->pad_left, rows, ly - fy, gm->in_w, 1, fill);
     else
         for (int64_t i = 0; i < gm->in_w; ++i) t[gm->pad_left + i] = fill;
-    taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom, &py0, &py1);
-    return (float)(gm->count_include_pad ? py1 - py0 : ly - fy);
+    if (!gm->count_include_pad)
+        return (float)(ly - fy);
+    window_taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom, &py0,
+                       &py1);
+    return (float)(py1 - py0);
 }
 
-/* pool_plane for stride 2, 3 taps along x (no dilation), with AVX2. */
+/* pool_plane for stride 2, 2 or 3 taps along x (no dilation), with AVX2. */
 AVX2 static void pool_plane_s2k3_avx2(const pool_geometry *gm, const float *xp, float *yp,
                                       float *t, const float *col_count)
 {
@@ -253,14 +274,73 @@ AVX2 static void pool_plane_s2k3_avx2(const pool_geometry *gm, const float *xp, 
     for (int64_t i = 0; i < gm->width + 32; ++i) t[i] = fill;
     for (int64_t oy = 0; oy < gm->out_h; ++oy) {
         float rows_counted = reduce_window_rows_avx2(gm, xp, oy, t, fill);
-        stride2_taps3_avx2(gm->is_max, yp + oy * out_w, t, out_w, rows_counted, col_count,
-                           (gm->out_h - oy) * out_w - 8);
+        stride2_taps_avx2(gm->is_max, (int)gm->k_w, yp + oy * out_w, t, out_w, rows_counted,
+                          col_count, (gm->out_h - oy) * out_w - 8);
+    }
+}
+
+/* pool_plane for planes at most 16 wide, stride 2 with 2 or 3 taps along x, no left padding:
+ * each output row's window rows are reduced in two registers (lanes past the row at the fill),
+ * then their columns, in pool_plane's order, with no padded row in memory (its stores and
+ * reloads cost a stall per row: 512 planes of 14x14 at 2x2 stride 2 took 80 us, 35 so). */
+AVX2 static void pool_plane_s2_narrow_avx2(const pool_geometry *gm, const float *xp, float *yp,
+                                           const float *col_count)
+{
+    const int64_t in_w = gm->in_w, out_w = gm->out_w;
+    const int is_max = gm->is_max;
+    const __m256 fill8 = _mm256_set1_ps(is_max ? -INFINITY : 0.0f);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i lo_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)in_w), lane);
+    const __m256i hi_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)in_w - 8), lane);
+    const __m256i next_pair = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7);
+    const __m256 cols = _mm256_loadu_ps(col_count);
+    for (int64_t oy = 0; oy < gm->out_h; ++oy) {
+        int64_t y0 = oy * gm->stride_h - gm->pad_top, fy, ly, py0, py1;
+        window_taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
+        __m256 lo = fill8, hi = fill8;
+        for (int64_t ky = fy; ky < ly; ++ky) {
+            const float *row = xp + (y0 + ky * gm->dil_h) * in_w;
+            __m256 a = _mm256_blendv_ps(fill8, _mm256_maskload_ps(row, lo_mask),
+                                        _mm256_castsi256_ps(lo_mask));
+            __m256 b = _mm256_blendv_ps(fill8, _mm256_maskload_ps(row + 8, hi_mask),
+                                        _mm256_castsi256_ps(hi_mask));
+            if (ky == fy)
+                lo = a, hi = b;
+            else if (is_max)
+                lo = max_nan8(lo, a), hi = max_nan8(hi, b);
+            else
+                lo = _mm256_add_ps(lo, a), hi = _mm256_add_ps(hi, b);
+        }
+        __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(
+            _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))),
+            _MM_SHUFFLE(3, 1, 2, 0)));
+        __m256 d = _mm256_castpd_ps(_mm256_permute4x64_pd(
+            _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))),
+            _MM_SHUFFLE(3, 1, 2, 0)));
+        __m256 r = is_max ? max_nan8(e, d) : _mm256_add_ps(e, d);
+        if (gm->k_w == 3) { /* column 2o + 2: e moved down a lane, column 16 at the fill */
+            __m256 e1 = _mm256_blend_ps(_mm256_permutevar8x32_ps(e, next_pair), fill8, 0x80);
+            r = is_max ? max_nan8(r, e1) : _mm256_add_ps(r, e1);
+        }
+        if (!is_max) {
+            float rows = (float)(ly - fy);
+            if (gm->count_include_pad) {
+                window_taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top,
+                                   gm->in_h + gm->pad_bottom, &py0, &py1);
+                rows = (float)(py1 - py0);
+            }
+            r = _mm256_div_ps(r, _mm256_mul_ps(_mm256_set1_ps(rows), cols));
+        }
+        if (oy * out_w + 8 <= gm->out_h * out_w)
+            _mm256_storeu_ps(yp + oy * out_w, r);
+        else
+            store_up_to8(yp + oy * out_w, r, out_w);
     }
 }
 
 /* yrow[o] = the max (sum) of t[o + kx * dil_w] over kx, the sum divided by rows * col_count[o]
  * (correctly rounded as pool_plane's double product); t readable to out_w + 8 + (k_w - 1) *
- * dil_w, col_count to out_w + 8; room as stride2_taps3_avx2's. */
+ * dil_w, col_count to out_w + 8; room as stride2_taps_avx2's. */
 AVX2 static void stride1_taps_avx2(int is_max, float *yrow, const float *t, int64_t out_w,
                                    int64_t k_w, int64_t dil_w, float rows, const float *col_count,
                                    int64_t room)
@@ -478,7 +558,7 @@ static int avx2_ready(void)
 #endif
 }
 
-enum { FAST_NONE, FAST_S2K3, FAST_S1 };
+enum { FAST_NONE, FAST_S2K3, FAST_S1, FAST_S2_NARROW };
 
 /* One plane by an AVX2 path (stride 2 with 3 taps, or stride 1) or pool_plane; t holds the padded row and
  * the even and odd columns after it. */
@@ -486,6 +566,10 @@ static void pool_one_plane(const pool_geometry *gm, int fast, const float *xp, f
                            float *t, const float *col_count)
 {
 #if defined(__x86_64__)
+    if (fast == FAST_S2_NARROW) {
+        pool_plane_s2_narrow_avx2(gm, xp, yp, col_count);
+        return;
+    }
     if (fast == FAST_S2K3) {
         pool_plane_s2k3_avx2(gm, xp, yp, t, col_count);
         return;
@@ -575,7 +659,10 @@ int pool2d_f32(int kind, const float *x, int64_t planes, int64_t in_h, int64_t i
     }
 #endif
     int fast = FAST_NONE;
-    if (avx2_ready() && k_h <= 64 && stride_w == 2 && k_w == 3 && dil_w == 1)
+    if (avx2_ready() && stride_w == 2 && (k_w == 2 || k_w == 3) && dil_w == 1
+        && pad_left == 0 && in_w <= 16 && out_w <= 8)
+        fast = FAST_S2_NARROW;
+    else if (avx2_ready() && k_h <= 64 && stride_w == 2 && (k_w == 2 || k_w == 3) && dil_w == 1)
         fast = FAST_S2K3;
     else if (avx2_ready() && k_h <= 64 && stride_w == 1)
         fast = FAST_S1;

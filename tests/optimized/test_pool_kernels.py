@@ -1,5 +1,5 @@
 """csrc/pool.c against the reference MaxPool/AveragePool on rows wide enough for its vector
-paths: the padded-row path (any geometry), the AVX2 paths for stride 2 with 3 taps along x
+paths: the padded-row path (any geometry), the AVX2 paths for stride 2 with 2 or 3 taps along x
 and for stride 1 along x (their 8-lane loops and masked last lanes), the flat path for
 stride-1 "same" pools (inception's 3x3 pad 1, planes reduced as one run), and one window over
 each whole plane.  Also NaN in
@@ -118,6 +118,43 @@ def test_same_stride_1_pools_match_reference(op_type, c):
         got = kernels.average_pool2d(x, **attrs)
     else:
         got = kernels.max_pool2d(x, **attrs)
+    want = reference(op_type, x, **attrs)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    # as test_average_pool_matches_reference: rows first, then columns
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@st.composite
+def narrow_stride_2_pools(draw):
+    """Planes at most 16 wide, stride 2 along x with 2 or 3 taps and no left pad (the
+    register path: densenet's 2x2 average pools, inception's 3x3 max pools on 14x14 planes);
+    rows padded, strided, dilated and counted any way; NaN somewhere now and then."""
+    kh, kw = draw(st.integers(1, 4)), draw(st.sampled_from([2, 3]))
+    return {
+        "shape": (draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 13)),
+                  draw(st.integers(kw, 16))),
+        "kernel_shape": [kh, kw], "strides": [draw(st.integers(1, 3)), 2],
+        "dilations": [draw(st.integers(1, 2)), 1],
+        "pads": [draw(st.integers(0, kh - 1)), 0, draw(st.integers(0, kh - 1)),
+                 draw(st.integers(0, kw - 1))],
+        "ceil_mode": draw(st.booleans()), "count_include_pad": draw(st.booleans()),
+        "seed": draw(st.integers(0, 1000)), "nan": draw(st.booleans()),
+    }
+
+
+@hsettings
+@given(c=narrow_stride_2_pools())
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_narrow_stride_2_pools_match_reference(op_type, c):
+    assume(fits(c))
+    x = data(c)
+    if c["nan"]:
+        x.reshape(-1)[c["seed"] % x.size] = np.nan
+    attrs = dict(window(c), ceil_mode=int(c["ceil_mode"]))
+    if op_type == "AveragePool":
+        attrs["count_include_pad"] = int(c["count_include_pad"])
+    run = kernels.average_pool2d if op_type == "AveragePool" else kernels.max_pool2d
+    got = run(x, **attrs)
     want = reference(op_type, x, **attrs)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     # as test_average_pool_matches_reference: rows first, then columns
