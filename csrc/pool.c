@@ -279,63 +279,81 @@ AVX2 static void pool_plane_s2k3_avx2(const pool_geometry *gm, const float *xp, 
     }
 }
 
-/* pool_plane for planes at most 16 wide, stride 2 with 2 or 3 taps along x, no left padding:
- * each output row's window rows are reduced in two registers (lanes past the row at the fill),
- * then their columns, in pool_plane's order, with no padded row in memory (its stores and
- * reloads cost a stall per row: 512 planes of 14x14 at 2x2 stride 2 took 80 us, 35 so). */
-AVX2 static void pool_plane_s2_narrow_avx2(const pool_geometry *gm, const float *xp, float *yp,
-                                           const float *col_count)
+/* pool_plane for planes at most 32 wide, stride 2 with 2 or 3 taps along x, no left padding:
+ * each output row's window rows are reduced in four registers (lanes past the row at the
+ * fill), then their columns, in pool_plane's order, with no padded row in memory (its stores
+ * and reloads cost a stall per row: 512 planes of 14x14 at 2x2 stride 2 took 80 us, 35 so). */
+AVX2 static inline __attribute__((always_inline)) void
+s2_narrow_plane(const pool_geometry *gm, const float *xp, float *yp, const float *col_count,
+                const int vectors)
 {
+    /* vectors (2 or 4, a constant where inlined) keeps v in registers: indexed by a variable,
+     * v went through memory and the path lost half its gain */
     const int64_t in_w = gm->in_w, out_w = gm->out_w;
     const int is_max = gm->is_max;
     const __m256 fill8 = _mm256_set1_ps(is_max ? -INFINITY : 0.0f);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i lo_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)in_w), lane);
-    const __m256i hi_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)in_w - 8), lane);
     const __m256i next_pair = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7);
-    const __m256 cols = _mm256_loadu_ps(col_count);
+    __m256i mask[4];
+    for (int j = 0; j < 4; ++j)
+        mask[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)in_w - 8 * j), lane);
     for (int64_t oy = 0; oy < gm->out_h; ++oy) {
         int64_t y0 = oy * gm->stride_h - gm->pad_top, fy, ly, py0, py1;
         window_taps_inside(y0, gm->k_h, gm->dil_h, 0, gm->in_h, &fy, &ly);
-        __m256 lo = fill8, hi = fill8;
+        __m256 v[5] = {fill8, fill8, fill8, fill8, fill8};
         for (int64_t ky = fy; ky < ly; ++ky) {
             const float *row = xp + (y0 + ky * gm->dil_h) * in_w;
-            __m256 a = _mm256_blendv_ps(fill8, _mm256_maskload_ps(row, lo_mask),
-                                        _mm256_castsi256_ps(lo_mask));
-            __m256 b = _mm256_blendv_ps(fill8, _mm256_maskload_ps(row + 8, hi_mask),
-                                        _mm256_castsi256_ps(hi_mask));
-            if (ky == fy)
-                lo = a, hi = b;
-            else if (is_max)
-                lo = max_nan8(lo, a), hi = max_nan8(hi, b);
-            else
-                lo = _mm256_add_ps(lo, a), hi = _mm256_add_ps(hi, b);
-        }
-        __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(
-            _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))),
-            _MM_SHUFFLE(3, 1, 2, 0)));
-        __m256 d = _mm256_castpd_ps(_mm256_permute4x64_pd(
-            _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))),
-            _MM_SHUFFLE(3, 1, 2, 0)));
-        __m256 r = is_max ? max_nan8(e, d) : _mm256_add_ps(e, d);
-        if (gm->k_w == 3) { /* column 2o + 2: e moved down a lane, column 16 at the fill */
-            __m256 e1 = _mm256_blend_ps(_mm256_permutevar8x32_ps(e, next_pair), fill8, 0x80);
-            r = is_max ? max_nan8(r, e1) : _mm256_add_ps(r, e1);
-        }
-        if (!is_max) {
-            float rows = (float)(ly - fy);
-            if (gm->count_include_pad) {
-                window_taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top,
-                                   gm->in_h + gm->pad_bottom, &py0, &py1);
-                rows = (float)(py1 - py0);
+            for (int j = 0; j < vectors; ++j) {
+                __m256 a = _mm256_blendv_ps(fill8, _mm256_maskload_ps(row + 8 * j, mask[j]),
+                                            _mm256_castsi256_ps(mask[j]));
+                if (ky == fy)
+                    v[j] = a;
+                else
+                    v[j] = is_max ? max_nan8(v[j], a) : _mm256_add_ps(v[j], a);
             }
-            r = _mm256_div_ps(r, _mm256_mul_ps(_mm256_set1_ps(rows), cols));
         }
-        if (oy * out_w + 8 <= gm->out_h * out_w)
-            _mm256_storeu_ps(yp + oy * out_w, r);
-        else
-            store_up_to8(yp + oy * out_w, r, out_w);
+        float rows = (float)(ly - fy);
+        if (!is_max && gm->count_include_pad) {
+            window_taps_inside(y0, gm->k_h, gm->dil_h, -gm->pad_top, gm->in_h + gm->pad_bottom,
+                               &py0, &py1);
+            rows = (float)(py1 - py0);
+        }
+        for (int half = 0; half < vectors / 2; ++half) {
+            const int64_t o = 8 * half;
+            if (o >= out_w)
+                break;
+            __m256 lo = v[2 * half], hi = v[2 * half + 1], next = v[2 * half + 2];
+            __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))),
+                _MM_SHUFFLE(3, 1, 2, 0)));
+            __m256 d = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))),
+                _MM_SHUFFLE(3, 1, 2, 0)));
+            __m256 r = is_max ? max_nan8(e, d) : _mm256_add_ps(e, d);
+            if (gm->k_w == 3) { /* column 2o + 2: e moved down a lane, then next's first */
+                __m256 e1 = _mm256_blend_ps(_mm256_permutevar8x32_ps(e, next_pair),
+                                            _mm256_broadcastss_ps(_mm256_castps256_ps128(next)),
+                                            0x80);
+                r = is_max ? max_nan8(r, e1) : _mm256_add_ps(r, e1);
+            }
+            if (!is_max)
+                r = _mm256_div_ps(r, _mm256_mul_ps(_mm256_set1_ps(rows),
+                                                   _mm256_loadu_ps(col_count + o)));
+            if (oy * out_w + o + 8 <= gm->out_h * out_w)
+                _mm256_storeu_ps(yp + oy * out_w + o, r);
+            else
+                store_up_to8(yp + oy * out_w + o, r, out_w - o);
+        }
     }
+}
+
+AVX2 static void pool_plane_s2_narrow_avx2(const pool_geometry *gm, const float *xp, float *yp,
+                                           const float *col_count)
+{
+    if (gm->in_w <= 16)
+        s2_narrow_plane(gm, xp, yp, col_count, 2);
+    else
+        s2_narrow_plane(gm, xp, yp, col_count, 4);
 }
 
 /* yrow[o] = the max (sum) of t[o + kx * dil_w] over kx, the sum divided by rows * col_count[o]
@@ -660,7 +678,7 @@ int pool2d_f32(int kind, const float *x, int64_t planes, int64_t in_h, int64_t i
 #endif
     int fast = FAST_NONE;
     if (avx2_ready() && stride_w == 2 && (k_w == 2 || k_w == 3) && dil_w == 1
-        && pad_left == 0 && in_w <= 16 && out_w <= 8)
+        && pad_left == 0 && in_w <= 32 && out_w <= 16)
         fast = FAST_S2_NARROW;
     else if (avx2_ready() && k_h <= 64 && stride_w == 2 && (k_w == 2 || k_w == 3) && dil_w == 1)
         fast = FAST_S2K3;
