@@ -229,10 +229,11 @@ def test_same_result_at_one_and_two_threads(op_type):
             kernels.set_num_threads(threads)
             results.append(fn(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
             results.append(fn(x[:, :, :14, :13], [3, 3], pads=[1, 1, 1, 1]))  # the flat path
+            results.append(fn(x[:, :, :, :28], [2, 2], strides=[2, 2]))  # the narrow path
     finally:
         kernels.set_num_threads(before)
-    assert results[0].tobytes() == results[2].tobytes()
-    assert results[1].tobytes() == results[3].tobytes()
+    for one, two in zip(results[:3], results[3:]):
+        assert one.tobytes() == two.tobytes()
 
 
 @pytest.mark.parametrize("op_type, attrs", [
