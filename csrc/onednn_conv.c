@@ -309,6 +309,18 @@ static void nhwc_to_nchw(const float *x, float *y, int64_t batch, int64_t channe
         });
 }
 
+void onednn_nchw_to_nhwc(const float *x, float *y, int64_t batch, int64_t channels, int64_t hw,
+                         int threads)
+{
+    nchw_to_nhwc(x, y, batch, channels, hw, threads);
+}
+
+void onednn_nhwc_to_nchw(const float *x, float *y, int64_t batch, int64_t channels, int64_t hw,
+                         int threads)
+{
+    nhwc_to_nchw(x, y, batch, channels, hw, threads, ACT_NONE, 0.0f, 0.0f);
+}
+
 /* geometry: batch, in_c, in_h, in_w, out_c, k_h, k_w, group, stride_h, stride_w, pad_top,
  * pad_left, pad_bottom, pad_right, dil_h, dil_w, out_h, out_w. */
 static onednn_conv *create_locked(const int64_t *geometry, const float *w, const float *bias,

@@ -33,6 +33,12 @@ const struct onednn_api *onednn_api(void);
 dnnl_status_t onednn_make_reorder(dnnl_primitive_t *prim, const_dnnl_memory_desc_t from,
                                   const_dnnl_memory_desc_t to);
 dnnl_status_t onednn_run_reorder(dnnl_primitive_t prim, dnnl_memory_t from, dnnl_memory_t to);
+
+/* NCHW <-> NHWC of float32 images (AVX2 8x8 tiles), on up to `threads` threads. */
+void onednn_nchw_to_nhwc(const float *x, float *y, int64_t batch, int64_t channels, int64_t hw,
+                         int threads);
+void onednn_nhwc_to_nchw(const float *x, float *y, int64_t batch, int64_t channels, int64_t hw,
+                         int threads);
 #endif
 
 #endif

@@ -1,6 +1,6 @@
-/* A blocked region: several convolutions, activations, residual adds, channel concats and
- * pools run back to back over buffers in oneDNN's layouts (nChw8c on AVX2), with reorders
- * from and to NCHW only where values enter and leave the region.
+/* An NHWC region: several convolutions, activations, residual adds, channel concats and pools
+ * run back to back over NHWC buffers (oneDNN's brgconv layout on AVX2), with transposes from
+ * and to NCHW only where values enter and leave the region.
  *
  * A region is described op by op over numbered values (onednn_region_entry, _conv, ...), then
  * onednn_region_finish lays the values out in buffers the region owns (a value reuses the
@@ -9,8 +9,9 @@
  * reorders are made once, for one input shape and the thread count configured then.
  *
  * Activations run as our own kernel (activation_f32) over the whole buffer, padding channels
- * included: oneDNN's eltwise post-op turns NaN into 0 where ONNX keeps it.  The caller admits
- * only activations with f(0) = 0, so zero padding channels stay zero. */
+ * included where oneDNN refused NHWC and picked a blocked layout: oneDNN's eltwise post-op
+ * turns NaN into 0 where ONNX keeps it.  The caller admits only activations with f(0) = 0, so
+ * zero padding channels stay zero. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -99,7 +100,7 @@ typedef struct {
     int kind;
     int64_t in[MAX_CONCAT];
     int64_t n_in, out, user; /* user: entry or exit index */
-    int act, copy_residual, pool, ties_blocked;
+    int act, copy_residual, pool, ties_nhwc, nhwc; /* nhwc: an entry or exit transposed by us */
     float alpha, beta;
     int64_t *ties; /* conv: per output channel the channel it copies (its tied twin), or NULL */
     int64_t geometry[8]; /* pools: k_h, k_w, stride_h, stride_w, pad_top, pad_left, out_h, out_w */
@@ -207,14 +208,14 @@ static int set_md(region_value *v, const_dnnl_memory_desc_t md)
     return 0;
 }
 
-/* v in nChw8c where nothing fixed its layout before. */
+/* v in NHWC where nothing fixed its layout before. */
 static int default_md(region_value *v)
 {
     if (v->md != NULL)
         return 0;
     dnnl_memory_desc_t md = NULL;
-    if (tagged(&md, v->dims, dnnl_aBcd8b) != dnnl_success) {
-        snprintf(last_error, sizeof last_error, "oneDNN nChw8c descriptor failed");
+    if (tagged(&md, v->dims, dnnl_acdb) != dnnl_success) {
+        snprintf(last_error, sizeof last_error, "oneDNN NHWC descriptor failed");
         return -1;
     }
     int status = set_md(v, md);
@@ -222,7 +223,7 @@ static int default_md(region_value *v)
     return status;
 }
 
-/* Whether v is laid out as nChw8c (when blocked) or nchw, the layouts concat and pools read. */
+/* Whether v is laid out as NHWC (acdb) or nchw, the layouts concat and pools read. */
 static int has_tag(const region_value *v, dnnl_format_tag_t tag)
 {
     dnnl_memory_desc_t md = NULL;
@@ -286,11 +287,11 @@ int onednn_region_conv(onednn_region *r, int64_t src, int64_t residual, int64_t 
     op->in[0] = src, op->in[1] = residual, op->n_in = residual >= 0 ? 2 : 1, op->out = dst;
     op->act = act, op->alpha = alpha, op->beta = beta;
     omp_set_num_threads(r->threads);
-    /* nChw8c between ops, which concat and pools read; the layout oneDNN picks where it
-     * refuses that (and for a source of few channels, such as an RGB stem's) */
+    /* NHWC between ops (brgconv's layout on AVX2), which concat and pools read; the layout
+     * oneDNN picks where it refuses that */
     for (int attempt = 0; attempt < 2 && pd == NULL; ++attempt) {
-        dnnl_format_tag_t src_tag = attempt == 0 && g[1] >= 8 ? dnnl_aBcd8b : dnnl_format_tag_any;
-        dnnl_format_tag_t dst_tag = attempt == 0 ? dnnl_aBcd8b : dnnl_format_tag_any;
+        dnnl_format_tag_t src_tag = attempt == 0 ? dnnl_acdb : dnnl_format_tag_any;
+        dnnl_format_tag_t dst_tag = attempt == 0 ? dnnl_acdb : dnnl_format_tag_any;
         if (any_src != NULL) dnnl.dnnl_memory_desc_destroy(any_src);
         if (any_dst != NULL) dnnl.dnnl_memory_desc_destroy(any_dst);
         any_src = any_dst = NULL;
@@ -331,9 +332,9 @@ int onednn_region_conv(onednn_region *r, int64_t src, int64_t residual, int64_t 
     y->defined = 1;
     if (ties != NULL) {
         REQUIRE(residual < 0, "tied channels are copied only without a residual");
-        op->ties_blocked = has_tag(y, dnnl_aBcd8b);
-        REQUIRE(op->ties_blocked || has_tag(y, dnnl_nchw),
-                "tied channels in a layout other than nchw or nChw8c");
+        op->ties_nhwc = has_tag(y, dnnl_acdb);
+        REQUIRE(op->ties_nhwc || has_tag(y, dnnl_nchw),
+                "tied channels in a layout other than nchw or NHWC");
         op->ties = malloc((size_t)g[4] * sizeof *op->ties);
         REQUIRE(op->ties != NULL, "out of memory");
         memcpy(op->ties, ties, (size_t)g[4] * sizeof *op->ties);
@@ -416,8 +417,8 @@ int onednn_region_add(onednn_region *r, int64_t a, int64_t b, int64_t dst)
     return same_as(r, a, dst);
 }
 
-/* Along channels, inputs all nchw or all nChw8c with channels a multiple of 8: per image, the
- * inputs' bytes one after another. */
+/* Along channels, inputs all nchw (per image, the inputs' bytes one after another) or all
+ * NHWC (per pixel, the inputs' channels one after another). */
 int onednn_region_concat(onednn_region *r, const int64_t *srcs, int64_t count, int64_t dst)
 {
     if (count < 1 || count > MAX_CONCAT) {
@@ -430,14 +431,14 @@ int onednn_region_concat(onednn_region *r, const int64_t *srcs, int64_t count, i
     if (!valid(r, dst, 0))
         return -1;
     const region_value *first = &r->values[srcs[0]];
-    dnnl_format_tag_t tag = has_tag(first, dnnl_nchw) ? dnnl_nchw : dnnl_aBcd8b;
+    dnnl_format_tag_t tag = has_tag(first, dnnl_nchw) ? dnnl_nchw : dnnl_acdb;
     dnnl_dims_t dims = {first->dims[0], 0, first->dims[2], first->dims[3]};
     for (int64_t i = 0; i < count; ++i) {
         const region_value *v = &r->values[srcs[i]];
-        if (!has_tag(v, tag) || (tag == dnnl_aBcd8b && v->dims[1] % 8) || v->dims[0] != dims[0]
-            || v->dims[2] != dims[2] || v->dims[3] != dims[3]) {
+        if (!has_tag(v, tag) || v->dims[0] != dims[0] || v->dims[2] != dims[2]
+            || v->dims[3] != dims[3]) {
             snprintf(last_error, sizeof last_error, "Concat input %lld is not in a layout the "
-                     "region concatenates (plain, or nChw8c of a multiple of 8 channels)", (long long)i);
+                     "region concatenates (all plain or all NHWC, equal batch and plane)", (long long)i);
             return -1;
         }
         dims[1] += v->dims[1];
@@ -447,6 +448,7 @@ int onednn_region_concat(onednn_region *r, const int64_t *srcs, int64_t count, i
         return -1;
     memcpy(op->in, srcs, (size_t)count * sizeof *srcs);
     op->n_in = count, op->out = dst;
+    op->nhwc = tag == dnnl_acdb;
     region_value *y = &r->values[dst];
     memcpy(y->dims, dims, sizeof dims);
     dnnl_memory_desc_t md = NULL;
@@ -465,8 +467,8 @@ int onednn_region_pool(onednn_region *r, int64_t src, int64_t dst, int kind, con
 {
     if (!valid(r, src, 1) || !valid(r, dst, 0) || default_md(&r->values[src]) != 0)
         return -1;
-    if (kind < REGION_MAX || kind > REGION_AVG_INCLUDE_PAD || !has_tag(&r->values[src], dnnl_aBcd8b)) {
-        snprintf(last_error, sizeof last_error, "pool kind %d over a value not in nChw8c", kind);
+    if (kind < REGION_MAX || kind > REGION_AVG_INCLUDE_PAD || !has_tag(&r->values[src], dnnl_acdb)) {
+        snprintf(last_error, sizeof last_error, "pool kind %d over a value not in NHWC", kind);
         return -1;
     }
     for (int k = 0; k < 8; ++k)
@@ -483,7 +485,7 @@ int onednn_region_pool(onednn_region *r, int64_t src, int64_t dst, int kind, con
     dnnl_dims_t dims = {r->values[src].dims[0], r->values[src].dims[1], geometry[6], geometry[7]};
     memcpy(y->dims, dims, sizeof dims);
     dnnl_memory_desc_t md = NULL;
-    if (tagged(&md, dims, dnnl_aBcd8b) != dnnl_success) {
+    if (tagged(&md, dims, dnnl_acdb) != dnnl_success) {
         snprintf(last_error, sizeof last_error, "oneDNN pool descriptor failed");
         return -1;
     }
@@ -558,8 +560,9 @@ int onednn_region_finish(onednn_region *r)
     dnnl_memory_desc_t plain = NULL;
     for (int64_t i = 0; i < r->n_ops; ++i) {
         const region_op *op = &r->ops[i];
-        for (int64_t k = 0; k < op->n_in; ++k)
+        for (int64_t k = 0; k < op->n_in; ++k) {
             r->values[op->in[k]].last_use = i;
+        }
         if (op->out >= 0 && r->values[op->out].last_use < i)
             r->values[op->out].last_use = i;
     }
@@ -595,13 +598,16 @@ int onednn_region_finish(onednn_region *r)
         size_t rounded = (r->buffer_bytes[b] + 4095) / 4096 * 4096;
         r->buffers[b] = aligned_alloc(4096, rounded ? rounded : 4096);
         REQUIRE(r->buffers[b] != NULL, "out of memory for the region's buffers");
-        memset(r->buffers[b], 0, rounded); /* padding channels start and stay zero */
+        memset(r->buffers[b], 0, rounded); /* any layout oneDNN pads starts zero */
     }
     for (int64_t i = 0; i < r->n_ops; ++i) {
         region_op *op = &r->ops[i];
         if (op->kind != OP_ENTRY && op->kind != OP_EXIT)
             continue;
         region_value *v = &r->values[op->kind == OP_ENTRY ? op->out : op->in[0]];
+        op->nhwc = has_tag(v, dnnl_acdb);
+        if (op->nhwc)
+            continue;
         CHECK(tagged(&plain, v->dims, dnnl_nchw), "plain descriptor");
         const_dnnl_memory_desc_t from = op->kind == OP_ENTRY ? plain : v->md;
         const_dnnl_memory_desc_t to = op->kind == OP_ENTRY ? v->md : plain;
@@ -627,48 +633,52 @@ static void *buffer_of(const onednn_region *r, int64_t v)
     return r->buffers[r->values[v].buffer];
 }
 
-/* Max (NaN kept) or average over windows of an nChw8c value; a window's cells outside the
- * input are skipped (average: counted or not by kind).  The 8 lanes of a cell are one vector. */
+/* Max (NaN kept) or average over windows of an NHWC value; a window's cells outside the
+ * input are skipped (average: counted or not by kind).  Channels run 8 to a vector. */
 #if defined(__x86_64__)
-/* One output cell of pool_blocked with the 8 lanes in one vector. */
-AVX2 static void pool_cell_avx2(const float *plane, int64_t in_w, int64_t hs, int64_t he,
-                                int64_t ws, int64_t we, int is_max, float count, float *out)
+/* The first channels/8*8 channels of one output cell of pool_nhwc. */
+AVX2 static void pool_cell_avx2(const float *image, int64_t in_w, int64_t channels, int64_t hs,
+                                int64_t he, int64_t ws, int64_t we, int is_max, float count,
+                                float *out)
 {
-    __m256 acc = _mm256_set1_ps(is_max ? -INFINITY : 0.0f), nan = _mm256_setzero_ps();
-    for (int64_t h = hs; h < he; ++h) {
-        const float *cell = plane + (h * in_w + ws) * 8;
-        for (int64_t w = ws; w < we; ++w, cell += 8) {
-            __m256 v = _mm256_loadu_ps(cell);
-            if (is_max) {
-                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-                acc = _mm256_max_ps(v, acc);
-            } else {
-                acc = _mm256_add_ps(acc, v);
+    __m256 nan_value = _mm256_set1_ps(NAN), divisor = _mm256_set1_ps(count);
+    for (int64_t c = 0; c + 8 <= channels; c += 8) {
+        __m256 acc = _mm256_set1_ps(is_max ? -INFINITY : 0.0f), nan = _mm256_setzero_ps();
+        for (int64_t h = hs; h < he; ++h) {
+            const float *cell = image + (h * in_w + ws) * channels + c;
+            for (int64_t w = ws; w < we; ++w, cell += channels) {
+                __m256 v = _mm256_loadu_ps(cell);
+                if (is_max) {
+                    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                    acc = _mm256_max_ps(v, acc);
+                } else {
+                    acc = _mm256_add_ps(acc, v);
+                }
             }
         }
+        acc = is_max ? _mm256_blendv_ps(acc, nan_value, nan) : _mm256_div_ps(acc, divisor);
+        _mm256_storeu_ps(out + c, acc);
     }
-    if (is_max)
-        acc = _mm256_blendv_ps(acc, _mm256_set1_ps(NAN), nan);
-    else
-        acc = _mm256_div_ps(acc, _mm256_set1_ps(count));
-    _mm256_storeu_ps(out, acc);
 }
 #endif
 
-static void pool_blocked(const region_op *op, const float *x, const int64_t *in_dims, float *y)
+static void pool_nhwc(const region_op *op, const float *x, const int64_t *in_dims, float *y)
 {
     const int64_t *g = op->geometry;
-    int64_t blocks = in_dims[0] * ((in_dims[1] + 7) / 8), in_h = in_dims[2], in_w = in_dims[3];
+    int64_t batch = in_dims[0], channels = in_dims[1], in_h = in_dims[2], in_w = in_dims[3];
     int64_t out_h = g[6], out_w = g[7];
     int is_max = op->pool == REGION_MAX;
+    int64_t vector_channels = 0;
 #if defined(__x86_64__)
     int avx2 = have_avx2();
+    if (avx2)
+        vector_channels = channels / 8 * 8;
 #endif
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < blocks * out_h; ++p) {
-        int64_t blk = p / out_h, oh = p % out_h;
-        const float *plane = x + blk * in_h * in_w * 8;
-        float *row = y + (blk * out_h + oh) * out_w * 8;
+    for (int64_t p = 0; p < batch * out_h; ++p) {
+        int64_t n = p / out_h, oh = p % out_h;
+        const float *image = x + n * in_h * in_w * channels;
+        float *row = y + (n * out_h + oh) * out_w * channels;
         int64_t h0 = oh * g[2] - g[4], h1 = h0 + g[0];
         int64_t hs = h0 < 0 ? 0 : h0, he = h1 > in_h ? in_h : h1;
         for (int64_t ow = 0; ow < out_w; ++ow) {
@@ -676,68 +686,32 @@ static void pool_blocked(const region_op *op, const float *x, const int64_t *in_
             int64_t ws = w0 < 0 ? 0 : w0, we = w1 > in_w ? in_w : w1;
             float count = op->pool == REGION_AVG_INCLUDE_PAD ? (float)(g[0] * g[1])
                                                              : (float)((he - hs) * (we - ws));
+            float *out = row + ow * channels;
 #if defined(__x86_64__)
-            if (avx2) {
-                pool_cell_avx2(plane, in_w, hs, he, ws, we, is_max, count, row + ow * 8);
-                continue;
-            }
+            if (avx2)
+                pool_cell_avx2(image, in_w, channels, hs, he, ws, we, is_max, count, out);
 #endif
-            float acc[8];
-            int32_t nan[8] = {0};
-            for (int c = 0; c < 8; ++c)
-                acc[c] = is_max ? -INFINITY : 0.0f;
-            for (int64_t h = hs; h < he; ++h) {
-                const float *cell = plane + (h * in_w + ws) * 8;
-                for (int64_t w = ws; w < we; ++w, cell += 8) {
-                    if (is_max) {
-                        for (int c = 0; c < 8; ++c) {
-                            nan[c] |= cell[c] != cell[c];
-                            acc[c] = cell[c] > acc[c] ? cell[c] : acc[c];
-                        }
-                    } else {
-                        for (int c = 0; c < 8; ++c)
-                            acc[c] += cell[c];
+            for (int64_t c = vector_channels; c < channels; ++c) {
+                float acc = is_max ? -INFINITY : 0.0f;
+                int nan = 0;
+                for (int64_t h = hs; h < he; ++h)
+                    for (int64_t w = ws; w < we; ++w) {
+                        float v = image[(h * in_w + w) * channels + c];
+                        nan |= v != v;
+                        acc = is_max ? (v > acc ? v : acc) : acc + v;
                     }
-                }
-            }
-            float *out = row + ow * 8;
-            if (is_max) {
-                for (int c = 0; c < 8; ++c)
-                    out[c] = nan[c] ? NAN : acc[c];
-            } else {
-                for (int c = 0; c < 8; ++c)
-                    out[c] = acc[c] / count;
+                out[c] = is_max ? (nan ? NAN : acc) : acc / count;
             }
         }
     }
 }
 
 /* Each channel c of y set to channel ties[c] (equal filters give equal channels, as the
- * reference's Conv makes them), y nChw8c (blocked) or nchw. */
-#if defined(__x86_64__)
-/* The tied lanes (mask) of a block's cells gathered from their sources, offsets from[] from
- * the image's start, pixel by pixel; the other lanes are neither read nor written. */
-AVX2 static void gather_tied_avx2(float *image, float *cells, const int64_t *from, int64_t plane)
-{
-    int32_t offsets[8], lanes[8];
-    for (int lane = 0; lane < 8; ++lane) {
-        offsets[lane] = from[lane] < 0 ? 0 : (int32_t)from[lane];
-        lanes[lane] = from[lane] < 0 ? 0 : -1;
-    }
-    __m256i index = _mm256_loadu_si256((const __m256i *)offsets);
-    __m256i mask = _mm256_loadu_si256((const __m256i *)lanes);
-    for (int64_t i = 0; i < plane; ++i) {
-        __m256 v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), image + i * 8, index,
-                                            _mm256_castsi256_ps(mask), 4);
-        _mm256_maskstore_ps(cells + i * 8, mask, v);
-    }
-}
-#endif
-
-static void copy_tied_channels(float *y, const int64_t *dims, const int64_t *ties, int blocked)
+ * reference's Conv makes them), y NHWC or nchw. */
+static void copy_tied_channels(float *y, const int64_t *dims, const int64_t *ties, int nhwc)
 {
     int64_t batch = dims[0], channels = dims[1], plane = dims[2] * dims[3];
-    if (!blocked) {
+    if (!nhwc) {
         for (int64_t n = 0; n < batch; ++n)
             for (int64_t c = 0; c < channels; ++c)
                 if (ties[c] != c)
@@ -745,38 +719,28 @@ static void copy_tied_channels(float *y, const int64_t *dims, const int64_t *tie
                            (size_t)plane * sizeof(float));
         return;
     }
-    int64_t blocks = (channels + 7) / 8;
-#if defined(__x86_64__)
-    int avx2 = have_avx2();
-#endif
     /* a source channel is never a copy itself (ties[ties[c]] == ties[c]), so order is free */
 #pragma omp parallel for schedule(static)
-    for (int64_t nb = 0; nb < batch * blocks; ++nb) {
-        int64_t n = nb / blocks, b = nb % blocks, from[8];
-        int lanes = channels - b * 8 < 8 ? (int)(channels - b * 8) : 8, tied = 0;
-        for (int lane = 0; lane < lanes; ++lane) {
-            int64_t t = ties[b * 8 + lane];
-            tied += t != b * 8 + lane;
-            from[lane] = t == b * 8 + lane ? -1 : (t / 8) * plane * 8 + t % 8;
-        }
-        if (!tied)
-            continue;
-        float *image = y + n * blocks * 8 * plane, *cells = image + b * plane * 8;
-#if defined(__x86_64__)
-        if (avx2 && blocks * 8 * plane < INT32_MAX) {
-            for (int lane = lanes; lane < 8; ++lane)
-                from[lane] = -1;
-            gather_tied_avx2(image, cells, from, plane);
-            continue;
-        }
-#endif
-        for (int lane = 0; lane < lanes; ++lane) {
-            if (from[lane] < 0)
-                continue; /* sources are only read: other threads read them */
-            const float *src = image + from[lane];
-            float *to = cells + lane;
-            for (int64_t i = 0; i < plane; ++i)
-                to[i * 8] = src[i * 8];
+    for (int64_t p = 0; p < batch * plane; ++p) {
+        float *cell = y + p * channels;
+        for (int64_t c = 0; c < channels; ++c)
+            cell[c] = cell[ties[c]];
+    }
+}
+
+/* Per pixel, each input's channels one after another (NHWC inputs, NHWC y of all channels). */
+static void concat_nhwc(const onednn_region *r, const region_op *op, float *y)
+{
+    const region_value *out = &r->values[op->out];
+    int64_t pixels = out->dims[0] * out->dims[2] * out->dims[3], channels = out->dims[1];
+#pragma omp parallel for schedule(static) if (pixels * channels > 32768)
+    for (int64_t p = 0; p < pixels; ++p) {
+        float *cell = y + p * channels;
+        for (int64_t k = 0; k < op->n_in; ++k) {
+            const region_value *x = &r->values[op->in[k]];
+            int64_t c = x->dims[1];
+            memcpy(cell, (const float *)r->buffers[x->buffer] + p * c, (size_t)c * sizeof(float));
+            cell += c;
         }
     }
 }
@@ -795,11 +759,25 @@ static int run_locked(onednn_region *r, const float *const *inputs, float *const
         region_value *y = op->out >= 0 ? &r->values[op->out] : NULL;
         switch (op->kind) {
         case OP_ENTRY:
+            if (op->nhwc) {
+                const int64_t *d = r->values[op->out].dims;
+                if (dnnl.dnnl_stream_wait(stream) != dnnl_success) return -1;
+                onednn_nchw_to_nhwc(inputs[op->user], buffer_of(r, op->out), d[0], d[1],
+                                    d[2] * d[3], r->threads);
+                break;
+            }
             dnnl.dnnl_memory_set_data_handle(op->from, (void *)inputs[op->user]);
             dnnl.dnnl_memory_set_data_handle(op->to, buffer_of(r, op->out));
             if (onednn_run_reorder(op->prim, op->from, op->to) != dnnl_success) return -1;
             break;
         case OP_EXIT:
+            if (op->nhwc) {
+                const int64_t *d = r->values[op->in[0]].dims;
+                if (dnnl.dnnl_stream_wait(stream) != dnnl_success) return -1;
+                onednn_nhwc_to_nchw(buffer_of(r, op->in[0]), outputs[op->user], d[0], d[1],
+                                    d[2] * d[3], r->threads);
+                break;
+            }
             dnnl.dnnl_memory_set_data_handle(op->from, buffer_of(r, op->in[0]));
             dnnl.dnnl_memory_set_data_handle(op->to, outputs[op->user]);
             if (onednn_run_reorder(op->prim, op->from, op->to) != dnnl_success) return -1;
@@ -820,7 +798,7 @@ static int run_locked(onednn_region *r, const float *const *inputs, float *const
             }
             if (op->ties != NULL) {
                 if (dnnl.dnnl_stream_wait(stream) != dnnl_success) return -1;
-                copy_tied_channels(buffer_of(r, op->out), y->dims, op->ties, op->ties_blocked);
+                copy_tied_channels(buffer_of(r, op->out), y->dims, op->ties, op->ties_nhwc);
             }
             break;
         }
@@ -836,6 +814,10 @@ static int run_locked(onednn_region *r, const float *const *inputs, float *const
             break;
         case OP_CONCAT: {
             if (dnnl.dnnl_stream_wait(stream) != dnnl_success) return -1;
+            if (op->nhwc) {
+                concat_nhwc(r, op, buffer_of(r, op->out));
+                break;
+            }
             char *out = buffer_of(r, op->out);
             size_t image = y->bytes / (size_t)y->dims[0], at = 0;
             for (int64_t k = 0; k < op->n_in; ++k) {
@@ -850,7 +832,7 @@ static int run_locked(onednn_region *r, const float *const *inputs, float *const
         }
         case OP_POOL:
             if (dnnl.dnnl_stream_wait(stream) != dnnl_success) return -1;
-            pool_blocked(op, buffer_of(r, op->in[0]), r->values[op->in[0]].dims, buffer_of(r, op->out));
+            pool_nhwc(op, buffer_of(r, op->in[0]), r->values[op->in[0]].dims, buffer_of(r, op->out));
             break;
         default:
             return -1;

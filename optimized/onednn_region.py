@@ -1,32 +1,34 @@
-"""Blocked regions: connected groups of plan steps that oneDNN runs in its blocked layout as one
-step (kernels.OneDNNRegion over csrc/onednn_region.c), reordering from and to NCHW only the
-values that enter or leave the group, where per-node convolutions reorder around every node.
+"""NHWC regions: connected groups of plan steps that run in NHWC as one step
+(kernels.OneDNNRegion over csrc/onednn_region.c), transposing from and to NCHW only the values
+that enter or leave the group, where per-node convolutions transpose around every node.
 
-Members: Conv and FusedConv with constant float32 weights and bias, group 1 and an activation with f(0) = 0 (bias, residual sum and activation included); Relu; Add of two
-members' results; Concat along channels; MaxPool and AveragePool without ceil mode, dilation
+Members: Conv and FusedConv with constant float32 weights and bias, group 1, at least
+MIN_INPUT_CHANNELS input channels and an activation with f(0) = 0 (bias, residual sum and
+activation included); Relu; Add of two members' results; Concat along channels (any channel
+counts: NHWC concatenates pixel by pixel); MaxPool and AveragePool without ceil mode, dilation
 or auto_pad; GlobalAveragePool.  A convolution starts a region or joins its input's; the other
 ops join the region of all their data inputs.  A group is planned per input shapes and thread
 count on its first run; where oneDNN refuses it, its members run one by one as before.
+Convolutions (1x1 included) run as oneDNN's brgconv:avx2 in NHWC, pools as an AVX2 loop over
+channels, entries and exits through onednn_conv.c's 8x8-tile transposes.
 
 Off by default: ONNX_PARITY_ONEDNN_REGIONS=1 turns regions on.  Measured at 1 thread on the
-2-core AVX2 EPYC under a load average of 11-16 (other work), optimized with regions / without,
-after the pools and tied-channel copies were vectorised:
-- benchmarks/test_optimized_vs_ort.py -k 'light_squeezenet-t1 or light_resnet50-t1' (medians,
-  ratio to onnxruntime in the same run): light_squeezenet 51.5 / 46.9 ms (1.31 / 1.27),
-  light_resnet50 518 / 473 ms (1.12 / 1.11).
-- one process, sessions with and without regions alternated, medians: light_squeezenet
-  34.2 / 34.3 and 40.7 / 39.0 ms, light_resnet50 431 / 438 ms, light_densenet121 390 / 363 ms,
-  light_inception_v2 228 / 205 ms.
-Level at best, so not the default.  In nChw8c oneDNN runs jit:avx2 and jit_1x1:avx2, not the
-brgconv:avx2 it picks with its own layouts, and its 1x1 on few channels is slower than our
-kernel (1x1 16->64 at 55x55: about 200 us against 100-145): that takes back what the saved
-reorders give.  Before the vectorised pools and copies: squeezenet 52.3 / 39.1 ms.
-Again on a quiet machine (load 1-2.6; benchmarks.isolated.IsolatedPair over two worker processes, one with
-regions and one without, rounds alternated, medians of 9; after the fused 1x1/stem and AVX2
-depthwise kernels), with regions / without, ms: 1 thread: resnet50 103.4 / 102.8, densenet121
-92.7 / 85.1, inception_v2 53.8 / 52.3, squeezenet 11.5 / 12.9, vgg19 514.9 / 510.5; 2 threads:
-resnet50 65.6 / 67.5, densenet121 58.7 / 54.5, inception_v2 28.4 / 33.6, squeezenet 8.35 /
-8.38.  Still mixed (0.84 to 1.09), so still off by default."""
+2-core AVX2 EPYC, load 2.7-4 (other work), one process, sessions with regions / without
+alternated, medians of 21 (9) rounds of 5 runs, CPU ms: light_squeezenet 10.11 / 9.62 (1.05),
+light_inception_v2 58.9 / 59.1 (1.00).  The 2-thread runs under that load were noise (0.95 and
+1.55).  So still not the default.  Inside a squeezenet region (CPU ms per run, counted op by
+op): 3x3 convolutions 5.6, 1x1 convolutions 4.9, Concat copies 0.5, pools 0.3, entries 0.1.
+Tried and dropped: 1x1 as our packed GEMM over NHWC pixels (gemm_packed_f32, bias and
+activation fused) took 5.5 ms there against oneDNN's 4.9 (inception 15.6 / 14.8 ms); writing
+each Concat part straight into its channel slice (a strided destination descriptor) makes
+oneDNN 2023.2 fall back to ref:any (squeezenet 700 ms a run), so Concat copies.  What the
+regions still pay over per-node runs: the activation as a separate pass after each
+convolution (oneDNN's eltwise post-op turns NaN into 0 where ONNX keeps it) and the Concat
+copy (per node, Concat is in place).
+The earlier nChw8c variant (jit:avx2 / jit_1x1:avx2, not brgconv) measured on a quiet
+machine, with regions / without, ms: 1 thread: resnet50 103.4 / 102.8, densenet121 92.7 / 85.1,
+inception_v2 53.8 / 52.3, squeezenet 11.5 / 12.9, vgg19 514.9 / 510.5; 2 threads: resnet50
+65.6 / 67.5, densenet121 58.7 / 54.5, inception_v2 28.4 / 33.6, squeezenet 8.35 / 8.38."""
 from __future__ import annotations
 
 import heapq
@@ -45,6 +47,9 @@ CONVS = {("", "Conv"), ("com.microsoft", "FusedConv")}
 # activations whose value at 0 is 0, so a blocked layout's zero padding channels stay zero
 ZERO_AT_ZERO = {"Relu", "LeakyRelu", "Tanh", "HardSwish", "Gelu", "GeluTanh"}
 MIN_MEMBERS = 2  # one convolution alone is OneDNNConv's case (or ours), not a region
+# an RGB stem (3 channels in) runs faster as our direct stem kernel than as oneDNN's in NHWC
+# (onednn_conv.toml class few-input-channels: 852 against 1232 us at 224x224), so it starts no region
+MIN_INPUT_CHANNELS = 4
 
 
 def enabled() -> bool:
@@ -63,6 +68,8 @@ def _constant_f32(value) -> bool:
 def _conv_ok(plan, step, attrs) -> bool:
     w = plan.template[step.inputs[1]] if len(step.inputs) > 1 and step.inputs[1] >= 0 else None
     if not _constant_f32(w) or w.ndim != 4 or w.size == 0 or attrs.get("group", 1) != 1:
+        return False
+    if w.shape[1] < MIN_INPUT_CHANNELS:
         return False
     if len(step.inputs) > 2 and step.inputs[2] >= 0:
         b = plan.template[step.inputs[2]]
