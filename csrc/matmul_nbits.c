@@ -403,15 +403,11 @@ static int gemm_panels(const nbits_weights *w, const float *a, int m, float *y)
  * registers, 8 rows by 8 values of k, and transposed there into a panel of k rows of PACK_COLS
  * floats; tiles of TILE_ROWS rows of a then run over it, 12 vector accumulators of outputs (a
  * broadcast, two panel loads, twelve FMAs a step of k).  k is taken in chunks of about K_CHUNK
- * (whole blocks), so that a chunk of panel (32 KiB at most) stays near L1 and a chunk of a in
- * L2 while a group of panels uses it; each output is one sum in k order, whatever the chunks
- * or the thread count.  512 takes the decoders' k = 512 (qkv, gate/up, LM head) in one chunk,
- * each panel's sums going straight to y, none carried through c: at m = 128, k = 512, 1
- * thread, n = 32000 took a median 53 against 62 ms with chunks of 256 (alternating processes,
- * loaded machine: noisy).
+ * (whole blocks), so that a chunk of panel stays in L1 and a chunk of a in L2 while a group of
+ * panels uses it; each output is one sum in k order, whatever the chunks or the thread count.
  * (Dequantizing whole rows into a buffer and transposing them afterwards took about 12% of
  * the time at m = 128, k = 512: 64 KiB of buffers in a 32 KiB L1.) */
-enum { PACK_COLS = 16, TILE_ROWS = 6, K_CHUNK = 512, GROUP_PANELS = 8 };
+enum { PACK_COLS = 16, TILE_ROWS = 6, K_CHUNK = 256, GROUP_PANELS = 8 };
 
 /* The zero point of weight row `row`, block `blk`, as a float. */
 static inline float block_zero_point(const nbits_weights *w, int row, int blk)
