@@ -15,8 +15,9 @@ channels, entries and exits through onednn_conv.c's 8x8-tile transposes.
 Off by default: ONNX_PARITY_ONEDNN_REGIONS=1 turns regions on.  Measured at 1 thread on the
 2-core AVX2 EPYC, load 2.7-4 (other work), one process, sessions with regions / without
 alternated, medians of 21 (9) rounds of 5 runs, CPU ms: light_squeezenet 10.11 / 9.62 (1.05),
-light_inception_v2 58.9 / 59.1 (1.00).  The 2-thread runs under that load were noise (0.95 and
-1.55).  So still not the default.  Inside a squeezenet region (CPU ms per run, counted op by
+light_inception_v2 58.9 / 59.1 (1.00); 7 rounds: light_densenet121 83.6 / 78.7 (1.06),
+light_resnet50 106.3 / 118.4 (0.90; again 0.97); 5 rounds: light_vgg19 513 / 508 (1.01).  The
+2-thread runs under that load were noise (0.95 and 1.55).  Mixed, so still not the default.  Inside a squeezenet region (CPU ms per run, counted op by
 op): 3x3 convolutions 5.6, 1x1 convolutions 4.9, Concat copies 0.5, pools 0.3, entries 0.1.
 Tried and dropped: 1x1 as our packed GEMM over NHWC pixels (gemm_packed_f32, bias and
 activation fused) took 5.5 ms there against oneDNN's 4.9 (inception 15.6 / 14.8 ms); writing
