@@ -103,7 +103,10 @@ class InferenceSession:
             original, self._weights = load_for_session(path_or_bytes, self._options)
             validate(checkable(original))
         self._metadata = ModelMetadata(original)
-        self._model = self._rewrite(original)
+        from .providers import CUDA, select
+
+        self._providers, self._provider_options = select(providers, provider_options)
+        self._model = self._rewrite(original, for_cpu=CUDA not in self._providers)
         del original  # its weights are the store's; the rewritten model is what runs
         self._evaluator = ReferenceEvaluator(self._model, check=False)
         self._inputs = [NodeArg(v) for v in self._evaluator.input_infos]
@@ -111,14 +114,13 @@ class InferenceSession:
         self._output_names = [o.name for o in self._outputs]
         self._output_position = {name: i for i, name in reversed(list(enumerate(self._output_names)))}
         self._checked_feeds = feed_conversion.CheckedFeeds(self._evaluator.input_infos)
-        self._create_plan(providers, provider_options)
+        self._create_plan()
 
-    def _create_plan(self, providers, provider_options) -> None:
+    def _create_plan(self) -> None:
         from .cpu import set_num_threads
         from .kernels import available_cpus
-        from .providers import make_plan, select
+        from .providers import make_plan
 
-        self._providers, self._provider_options = select(providers, provider_options)
         self._set_num_threads = set_num_threads
         # 0 (every CPU this process may use) is resolved once, as onnxruntime sizes its pool
         # when the session is made; asking the affinity mask costs a system call per run
@@ -132,11 +134,11 @@ class InferenceSession:
         else:
             self._profiler = None
 
-    def _rewrite(self, model):
+    def _rewrite(self, model, *, for_cpu: bool):
         from .passes import optimize
 
         level = int(self._options.graph_optimization_level)
-        rewritten = optimize(model, level, self._weights) if level > 0 else model
+        rewritten = optimize(model, level, self._weights, for_cpu=for_cpu) if level > 0 else model
         if self._options.optimized_model_filepath:
             onnx.save(attached(rewritten), self._options.optimized_model_filepath)
         return rewritten
@@ -230,8 +232,13 @@ class InferenceSession:
         return as_strings(self._provider_options)
 
     def set_providers(self, providers=None, provider_options=None) -> None:
-        """Re-plan the session for other providers (the CPU provider when None)."""
-        self._create_plan(providers, provider_options)
+        """Re-plan the session for other providers (the CPU provider when None). The model
+        keeps the rewrite made for the first providers: CPU-only rewrites (weight packing)
+        then run on the host under the CUDA provider."""
+        from .providers import select
+
+        self._providers, self._provider_options = select(providers, provider_options)
+        self._create_plan()
 
     def disable_fallback(self) -> None:
         """Accepted: a node without a fast kernel always runs the reference op."""

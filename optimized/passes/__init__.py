@@ -42,6 +42,9 @@ class Pass(NamedTuple):
     # ai.onnx op types of which the main graph must hold one for the pass to change anything
     # (each pattern it matches starts at such a node); empty: it always runs
     anchors: frozenset[str] = frozenset()
+    # the rewrite helps only the CPU provider's kernels (the CUDA provider would run its nodes
+    # on the host), so it runs only for a session on the CPU provider alone
+    cpu_only: bool = False
 
 
 # in the order they run; the transformer fusions go before the generic ones, which would
@@ -71,16 +74,18 @@ PASSES: list[Pass] = [
          anchors=frozenset({"Conv", "Gemm", "MatMul"})),
     Pass("dead_code_after_fusion", 2, eliminate_dead_code),
     Pass("weight_packing", 99, pack_matmul_weights, uses_store=True,
-         anchors=frozenset({"MatMul"})),
+         anchors=frozenset({"MatMul"}), cpu_only=True),
 ]
 
 
-def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = None) -> onnx.ModelProto:
+def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = None, *,
+             for_cpu: bool = True) -> onnx.ModelProto:
     """The model rewritten by every pass whose level is <= `level` (0: unchanged). The passes
     rewrite one copy in place (the given model stays as it is, even when a pass fails); a pass
     whose result serializes as its input did counts as no change, so its shapes stay shared.
     With a `store`, the large initializers a pass makes move into it, and the arrays no pass
-    needs any longer leave it."""
+    needs any longer leave it. for_cpu=False (a session on the CUDA provider) leaves out the
+    passes that only the CPU provider's kernels gain from."""
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"optimize expects an onnx.ModelProto, got {type(model).__name__}")
     if not isinstance(level, int) or level < 0:
@@ -91,7 +96,8 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
         present = op_types(working.model)
         stored = {t.name for t in working.model.graph.initializer}
         for p in PASSES:
-            if p.level <= level and not (p.anchors and p.anchors.isdisjoint(present)):
+            if (p.level <= level and (for_cpu or not p.cpu_only)
+                    and not (p.anchors and p.anchors.isdisjoint(present))):
                 model = working.model
                 rewritten = p.function(model, store) if p.uses_store else p.function(model)
                 if working.update(rewritten):

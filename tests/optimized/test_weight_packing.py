@@ -69,6 +69,25 @@ def test_a_weight_only_matmuls_read_becomes_panels_and_leaves_the_store():
     assert len(store.arrays) == 1
 
 
+def test_a_model_for_the_cuda_provider_keeps_its_weights_unpacked():
+    """The CUDA provider has no PackedMatMul kernel: packing would send the MatMul to the
+    host, so a session on it is optimized without the CPU-only passes."""
+    for for_cpu, expected in ((True, [PACKED_MATMUL]), (False, ["MatMul"])):
+        model, store = matmul_model(), WeightStore()
+        detach_initializers(model, store)
+        assert op_types(optimize(model, int(ALL), store, for_cpu=for_cpu)) == expected
+
+
+def test_a_session_optimizes_for_the_providers_it_got(monkeypatch):
+    """The CUDA provider when it is really selected (no GPU here: a stand-in for select)."""
+    from optimized import providers
+
+    chosen = {"CUDAExecutionProvider": dict(providers.CUDA_OPTIONS), "CPUExecutionProvider": {}}
+    monkeypatch.setattr(providers, "select", lambda *args: (list(chosen), chosen))
+    monkeypatch.setattr(providers, "make_plan", lambda *args: None)
+    assert op_types(session(matmul_model()).optimized_model) == ["MatMul"]
+
+
 def test_the_rewritten_model_computes_bit_for_bit_what_the_original_does():
     """The reference runs PackedMatMul's function body (Transpose, Flatten: B unpacked by
     copies) and then the same MatMul: the same bits as the original model."""

@@ -32,3 +32,12 @@ def rand(rng, shape, dtype=np.float32):
 
 
 F = TensorProto.FLOAT
+
+
+def optimized_for_device(m):
+    """The model as a session on the CUDA provider rewrites it (every pass but the CPU-only
+    ones), with its evaluator: what the device plan gets from such a session."""
+    from optimized.passes import optimize
+
+    rewritten = optimize(m, 99, for_cpu=False)
+    return rewritten, ReferenceEvaluator(rewritten, check=False)

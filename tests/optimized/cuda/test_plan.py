@@ -17,7 +17,7 @@ from optimized.session import NodeCheckError
 from reference import ReferenceEvaluator
 from reference.errors import NodeError
 
-from .helpers import model, rand
+from .helpers import model, optimized_for_device, rand
 
 NO_GPU = gpu_unavailable_reason() is not None
 
@@ -155,7 +155,8 @@ def test_benchmark_models_on_the_fake_device_match_the_cpu_session(name):
     if name == "light_resnet50":
         m = _without_final_softmax(m)
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    plan = DevicePlan(sess.optimized_model, CPU_KERNELS, sess._evaluator, FakeDevice(), strict=True)
+    device_model, evaluator = optimized_for_device(m)
+    plan = DevicePlan(device_model, CPU_KERNELS, evaluator, FakeDevice(), strict=True)
     assert plan.placement.all_on_device
     assert plan.placement.count(COPY_TO_DEVICE) == len(feeds)
     want = sess.run(None, feeds)
