@@ -601,7 +601,7 @@ def _inferred_types(model, data_prop: bool, lighten_in_place: bool = False) -> d
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         model = copy
-    _lighten(model)
+    lighten(model)
     light = model.SerializeToString()
     key, cache = (light, data_prop), _INFERRED.get()
     if cache is not None and key in cache:
@@ -620,7 +620,7 @@ def _inferred_types(model, data_prop: bool, lighten_in_place: bool = False) -> d
     return types
 
 
-def _lighten(model) -> None:
+def lighten(model) -> None:
     """The model made ready for shape inference in place: its large initializers become typed
     inputs, and the fused nodes onnx knows no shapes for become their stand-ins."""
     graph = model.graph
@@ -635,7 +635,7 @@ def _lighten(model) -> None:
             del initializers[k]
     opset = opset_version(model)
     nodes = graph.node
-    stand_ins = [(k, _shape_stand_ins(node, opset)) for k, node in enumerate(nodes)
+    stand_ins = [(k, shape_stand_ins(node, opset)) for k, node in enumerate(nodes)
                  if _needs_stand_in(node, opset)]
     for k, replacement in reversed(stand_ins):  # in place: the other nodes are not copied
         if len(replacement) == 1 and replacement[0] is nodes[k]:
@@ -661,7 +661,7 @@ def _declare_input(graph, tensor) -> None:
 
 
 def _needs_stand_in(node, opset) -> bool:
-    """Whether _shape_stand_ins gives other nodes than `node` itself (it may still, where it
+    """Whether shape_stand_ins gives other nodes than `node` itself (it may still, where it
     knows no stand-in, give the node back)."""
     op_type = node.op_type
     return (node.domain == MS_DOMAIN or op_type == "SimplifiedLayerNormalization"
@@ -669,7 +669,7 @@ def _needs_stand_in(node, opset) -> bool:
                 and node.domain in ("", "ai.onnx")))
 
 
-def _shape_stand_ins(node, opset=0) -> list:
+def shape_stand_ins(node, opset=0) -> list:
     """onnx knows no com.microsoft op, so shape inference would stop at the fused nodes the
     passes write: for shapes only, each stands in as the ai.onnx nodes with the same shapes.
     The same holds for the ai.onnx LayerNormalization layer_norm_fusion writes before opset 17

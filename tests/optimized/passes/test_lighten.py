@@ -1,10 +1,10 @@
-"""_lighten, the copy of a model that shape inference sees: large initializers become typed
+"""lighten, the copy of a model that shape inference sees: large initializers become typed
 inputs, fused nodes their ai.onnx stand-ins, edited in place."""
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimized.passes._graph import MS_DOMAIN, SMALL_CONSTANT, _lighten, _shape_stand_ins
+from optimized.passes._graph import MS_DOMAIN, SMALL_CONSTANT, lighten, shape_stand_ins
 
 
 def _model():
@@ -31,8 +31,8 @@ def _model():
 
 def test_lighten_makes_weights_inputs_and_fused_nodes_stand_ins_in_order():
     model = _model()
-    expected_nodes = [s for n in model.graph.node for s in _shape_stand_ins(n, 17)]
-    _lighten(model)
+    expected_nodes = [s for n in model.graph.node for s in shape_stand_ins(n, 17)]
+    lighten(model)
     graph = model.graph
     assert [t.name for t in graph.initializer] == ["shape"]
     assert [v.name for v in graph.input] == ["x", "big", "wide"]
