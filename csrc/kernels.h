@@ -288,6 +288,18 @@ typedef struct {
  * kernel ran out of memory or refused its input) with the steps before it done. */
 int64_t plan_run(const plan_step *steps, int64_t count, void *const *slots);
 
+/* optimized/passes/gqa_fusion.py's CausalPaddingMask (csrc/causal_mask.c): y (batch, 1, q_len,
+ * keys) float32, 0 where key j <= *start + i and mask[b, j] (batch x keys, of mask_type) is not
+ * 0, else fill.  Returns -1 (nothing written) unless *end == keys and *start == keys - q_len.
+ * Its plan step: in mask, start, end (int64 scalars); code mask_type, n[0..2] batch, q_len,
+ * keys, f[0] fill. */
+enum { CAUSAL_MASK_BOOL = 0, CAUSAL_MASK_I32 = 1, CAUSAL_MASK_I64 = 2, CAUSAL_MASK_F32 = 3,
+       CAUSAL_MASK_F64 = 4 };
+enum { PLAN_CAUSAL_MASK = 41 };
+int causal_padding_mask_f32(const void *mask, int mask_type, const int64_t *start,
+                            const int64_t *end, float *y, int64_t batch, int64_t q_len,
+                            int64_t keys, float fill);
+
 /* Convolution through oneDNN (csrc/onednn_conv.c), opened at run time.  onednn_open loads the
  * library at `path` once (0, or -1 with onednn_last_error() saying why).  A plan is made per
  * node, input shape and thread count: geometry holds batch, in_c, in_h, in_w, out_c, k_h, k_w,

@@ -227,6 +227,9 @@ static int run_step(const plan_step *s, void *const *slots)
                                 (s->flags & 1) ? IN(3) : NULL, NULL, OUT(0), (int)s->n[0],
                                 (int)s->n[1], (int)s->n[2], (int)s->n[3], (int)s->g[0], 1) == 0
                    ? 0 : -1;
+    case PLAN_CAUSAL_MASK:
+        return causal_padding_mask_f32(slots[s->in[0]], s->code, IN(1), IN(2), OUT(0), s->n[0],
+                                       s->n[1], s->n[2], s->f[0]);
     default:
         return -1;
     }

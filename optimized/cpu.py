@@ -1068,6 +1068,20 @@ def _matmul_nbits_steps(ins, outs, *, K=0, N=0, bits=4, block_size=0, accuracy_l
                                       float_zero_points=zp is not None and zp.dtype == np.float32)]
 
 
+@_declining
+def _causal_padding_mask_steps(ins, outs, *, fill):
+    """gqa_fusion's CausalPaddingMask over a 2-D mask and int64 scalar start, end: the step
+    reads start and end at run time and fails (the node runs in Python) where they do not give
+    the recorded shape."""
+    mask, start, end = ins[:3]
+    y = outs[0] if outs else None
+    if y is None or y.dtype != F32 or mask is None or len(mask.shape) != 2 or any(
+            v is None or v.shape != () or v.dtype != np.int64 for v in (start, end)):
+        return None
+    return [kernels.causal_padding_mask_step(mask.slot, mask.shape, mask.dtype, start.slot,
+                                             end.slot, y.slot, y.shape, float(fill))]
+
+
 C_STEPS = {
     ("", "Add"): _binary_steps("Add"),
     ("", "Sub"): _binary_steps("Sub"),
@@ -1122,4 +1136,5 @@ C_STEPS = {
     ("", "Or"): _logical_steps("Or"),
     ("", "Xor"): _logical_steps("Xor"),
     (MS, "MatMulNBits"): _matmul_nbits_steps,
+    (FUSED_DOMAIN, CAUSAL_PADDING_MASK): _causal_padding_mask_steps,
 }

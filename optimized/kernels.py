@@ -1737,6 +1737,41 @@ def matmul_nbits_step(a: int, a_shape, b: int, scales: int, zero_points: int, y:
                  g=[block_size] + [0] * 11)
 
 
+def causal_padding_mask(mask: np.ndarray, start, end, fill: float) -> np.ndarray | None:
+    """csrc/causal_mask.c's (B, 1, end - start, end) float32 mask: 0 where key j <= start + i
+    and mask[b, j] != 0, else fill, for a 2-D mask of a CAST_TYPES dtype and int64 scalars;
+    None where the kernel does not take them (end other than the mask's width, start > end)."""
+    mask = np.ascontiguousarray(mask)
+    if mask.ndim != 2 or mask.dtype not in CAST_TYPES:
+        raise ValueError(f"causal_padding_mask: a 2-D mask of {sorted(map(str, CAST_TYPES))} "
+                         f"expected, got {mask.dtype} of shape {list(mask.shape)}")
+    start, end = np.array(start, np.int64), np.array(end, np.int64)
+    batch, keys = mask.shape
+    q_len = max(int(end) - int(start), 0)
+    y = np.empty((batch, 1, q_len, keys), np.float32)
+    done = lib.causal_padding_mask_f32(ffi.from_buffer("char[]", mask), CAST_TYPES[mask.dtype],
+                                       ffi.from_buffer("int64_t[]", start),
+                                       ffi.from_buffer("int64_t[]", end), _ptr(y), batch, q_len,
+                                       keys, fill)
+    return y if done == 0 else None
+
+
+def causal_padding_mask_step(mask: int, mask_shape, mask_dtype, start: int, end: int, y: int,
+                             y_shape, fill: float) -> dict:
+    """As causal_padding_mask() into y of y_shape (B, 1, Q, K) for a mask of mask_shape (B, K);
+    the step fails, at run time, where end != K or start != K - Q."""
+    mask_dtype, (batch, keys), y_shape = np.dtype(mask_dtype), tuple(mask_shape), tuple(y_shape)
+    if mask_dtype not in CAST_TYPES:
+        raise ValueError(f"causal_padding_mask: a mask of {sorted(map(str, CAST_TYPES))} "
+                         f"expected, got {mask_dtype}")
+    if len(y_shape) != 4 or y_shape[:2] != (batch, 1) or y_shape[3] != keys:
+        raise ValueError(f"causal_padding_mask: y of shape {list(y_shape)} does not follow the "
+                         f"mask's {[batch, keys]}")
+    _nonempty(y_shape)
+    return _step(lib.PLAN_CAUSAL_MASK, [mask, start, end], [y], code=CAST_TYPES[mask_dtype],
+                 n=[batch, y_shape[2], keys, 0], f=[fill, 0.0, 0.0, 0.0])
+
+
 def cast_step(x: int, x_dtype, y: int, y_dtype, count: int) -> dict:
     """count elements of x converted to y_dtype by C's conversions: between bool, int32,
     int64, float32 and float64, never float to int (whose out-of-range rules C leaves open)."""

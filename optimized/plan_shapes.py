@@ -37,7 +37,7 @@ import numpy as np
 from reference.registry import canonical_domain
 
 from . import kernels
-from .passes.gqa_fusion import GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
+from .passes.gqa_fusion import CAUSAL_PADDING_MASK, GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
 from .passes.silu_mlp_fusion import FUSED_DOMAIN
 from .plan import ABSENT, ALIAS, PY, CompiledRun, Recorder, describe_step
 
@@ -220,9 +220,12 @@ INT32_MAX = (1 << 31) - 1  # kernels take sizes as C ints: patched fields stay b
 # Concat: broadcasts and sums of lines) or does not depend on the keys' length (attention): only
 # these run in C over values that grow.  Others (Slice: min(t, end)) could leave the line
 # between the lengths their descriptions were compared at, so they run in Python, guarded.
+# CausalPaddingMask's shape follows its start and end values: its step checks them against
+# the sizes written for t at run time and fails (the run goes on in Python) where they differ.
 GROWING_OPS = {("", op) for op in ("Concat", "Add", "Sub", "Mul", "Div", "Cast", "Where", "And",
                                    "Or", "Xor")} | {
-    (FUSED_DOMAIN, GROUPED_ATTENTION), (FUSED_DOMAIN, GROUPED_ATTENTION_MASKED)}
+    (FUSED_DOMAIN, GROUPED_ATTENTION), (FUSED_DOMAIN, GROUPED_ATTENTION_MASKED),
+    (FUSED_DOMAIN, CAUSAL_PADDING_MASK)}
 
 
 def affine(ts, values) -> tuple[int, int] | None:
