@@ -200,6 +200,7 @@ def test_nan_propagates_through_relu(kernel):
     (64, 200, (13, 11), 1, (1, 1), [1, 1], 1),   # one column block: output channels split
     (64, 200, (37, 35), 1, (1, 1), [1, 1], 1),   # three column blocks, split in two chunks each
     (64, 200, (13, 11), 1, (1, 1), [1, 1], 2),   # two images: one task each
+    (256, 200, (13, 15), 1, (1, 1), [1, 1], 1),  # column blocks of 112 and 83: channels split too
     (272, 272, (14, 15), 4, (1, 1), [1, 1], 2),  # grouped
     (16, 64, (55, 53), 1, (1, 1), [1, 1], 2),    # many column blocks
     (300, 130, (7, 7), 1, (1, 1), [1, 1], 1),    # a column past the tiles, in dot products
