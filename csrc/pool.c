@@ -417,13 +417,18 @@ AVX2 static void pool_plane_flat_avx2(const pool_geometry *gm, const flat_geomet
         int64_t oy = band[0], end = band[1], fy = band[2], ly = band[3], y0 = oy - gm->pad_top;
         for (int64_t ky = fy; ky < ly; ++ky)
             rows[ky - fy] = xp + (y0 + ky * gm->dil_h) * w;
+        /* whole stores past the band: the next band overwrites them, and v has room after
+         * the plane (a masked store is slow on AMD) */
         if (fy < ly)
-            reduce_rows_avx2(gm->is_max, v + oy * w, rows, ly - fy, (end - oy) * w, 0, fill);
+            reduce_rows_avx2(gm->is_max, v + oy * w, rows, ly - fy, (end - oy) * w, 1, fill);
         else
             for (int64_t i = oy * w; i < end * w; ++i) v[i] = fill;
     }
     __m256 fill8 = _mm256_set1_ps(fill);
-    for (int64_t i = 0; i < plane; i += 8) {
+    for (int64_t next = 0; next < plane; next += 8) {
+        /* a short last vector moves back to end with the plane, its first outputs computed
+         * again, so every store is whole and inside the plane */
+        int64_t i = next + 8 <= plane || plane < 8 ? next : plane - 8;
         __m256 r = fill8;
         for (int64_t kx = 0; kx < fg->k_w; ++kx) {
             __m256 inside = _mm256_castsi256_ps(
@@ -436,7 +441,59 @@ AVX2 static void pool_plane_flat_avx2(const pool_geometry *gm, const flat_geomet
         }
         if (!gm->is_max)
             r = _mm256_div_ps(r, _mm256_loadu_ps(fg->divisor + i));
-        store_up_to8(yp + i, r, plane - i);
+        if (plane < 8)
+            store_up_to8(yp + i, r, plane - i);
+        else
+            _mm256_storeu_ps(yp + i, r);
+    }
+}
+
+/* pool_plane_flat_avx2 for 3 taps along x with one padding column, rows of 8 or more: each
+ * vector of a band reduces its window rows at the three tap offsets straight from x, the
+ * outer taps through masked loads (no lane past the row is read), so nothing goes through v
+ * (its stores and unaligned reloads stalled: 192 planes of 28x28 took 160 us, ...).  A short
+ * last vector of a band moves back to end with it, its first outputs computed again. */
+AVX2 static void pool_plane_flat3_avx2(const pool_geometry *gm, const flat_geometry *fg,
+                                       const float *xp, float *yp)
+{
+    const int64_t w = gm->in_w, plane = fg->plane;
+    const int is_max = gm->is_max;
+    const __m256 fill8 = _mm256_set1_ps(is_max ? -INFINITY : 0.0f);
+    int64_t offsets[64];
+    for (int64_t b = 0; b < fg->band_count; ++b) {
+        const int64_t *band = fg->bands + 4 * b;
+        const int64_t start = band[0] * w, end = band[1] * w, fy = band[2], count = band[3] - fy;
+        for (int64_t r = 0; r < count; ++r)
+            offsets[r] = ((fy + r) * gm->dil_h - gm->pad_top) * w;
+        for (int64_t next = start; next < end; next += 8) {
+            const int64_t i = next + 8 <= end ? next : end - 8;
+            const __m256i left = _mm256_loadu_si256((const __m256i *)(fg->mask + i));
+            const __m256i right =
+                _mm256_loadu_si256((const __m256i *)(fg->mask + 2 * (plane + 8) + i));
+            const float *p = xp + i + offsets[0];
+            __m256 l = _mm256_maskload_ps(p - 1, left), c = _mm256_loadu_ps(p),
+                   h = _mm256_maskload_ps(p + 1, right);
+            for (int64_t r = 1; r < count; ++r) {
+                p = xp + i + offsets[r];
+                __m256 lr = _mm256_maskload_ps(p - 1, left), cr = _mm256_loadu_ps(p),
+                       hr = _mm256_maskload_ps(p + 1, right);
+                if (is_max) {
+                    l = max_nan8(l, lr), c = max_nan8(c, cr), h = max_nan8(h, hr);
+                } else {
+                    l = _mm256_add_ps(l, lr), c = _mm256_add_ps(c, cr), h = _mm256_add_ps(h, hr);
+                }
+            }
+            __m256 out;
+            if (is_max) {
+                l = _mm256_blendv_ps(fill8, l, _mm256_castsi256_ps(left));
+                h = _mm256_blendv_ps(fill8, h, _mm256_castsi256_ps(right));
+                out = max_nan8(max_nan8(l, c), h);
+            } else { /* masked lanes loaded as 0, the sum's fill */
+                out = _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(l, c), h),
+                                    _mm256_loadu_ps(fg->divisor + i));
+            }
+            _mm256_storeu_ps(yp + i, out);
+        }
     }
 }
 
@@ -493,9 +550,16 @@ static int pool_flat(const pool_geometry *gm, const float *x, int64_t planes, fl
     for (int64_t i = plane; i < plane + 8; ++i) divisor[i] = 1.0f;
     flat_geometry fg = {plane, k_w, gm->pad_left, mask, divisor, bands, band_count};
     size_t in_plane = (size_t)gm->in_h * w;
+    int three = k_w == 3 && gm->pad_left == 1 && w >= 8;
+    for (int64_t b = 0; b < band_count; ++b)
+        three = three && bands[4 * b + 2] < bands[4 * b + 3];
     PARALLEL_FOR(threads, for (int64_t p = 0; p < planes; ++p) {
-        float *v = scratch + per_thread * omp_get_thread_num() + k_w;
-        pool_plane_flat_avx2(gm, &fg, x + p * in_plane, y + p * plane, v);
+        if (three) {
+            pool_plane_flat3_avx2(gm, &fg, x + p * in_plane, y + p * plane);
+        } else {
+            float *v = scratch + per_thread * omp_get_thread_num() + k_w;
+            pool_plane_flat_avx2(gm, &fg, x + p * in_plane, y + p * plane, v);
+        }
     });
     free(mask);
     free(divisor);

@@ -125,6 +125,46 @@ def test_same_stride_1_pools_match_reference(op_type, c):
 
 
 @st.composite
+def same_three_tap_pools(draw):
+    """same_pools with 3 taps along x, one padding column each side and rows of 8 or more (the
+    flat path's register loop: inception's 3x3 pad 1 pools); rows padded, dilated, counted any
+    way; NaN now and then, often in a first or last column (the masked loads)."""
+    kh = draw(st.integers(1, 5))
+    w = draw(st.integers(8, 37))
+    return {
+        "shape": (draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 19)), w),
+        "kernel_shape": [kh, 3], "strides": [1, 1], "dilations": [draw(st.integers(1, 2)), 1],
+        "pads": [draw(st.integers(0, kh - 1)), 1, draw(st.integers(0, kh - 1)), 1],
+        "ceil_mode": draw(st.booleans()), "count_include_pad": draw(st.booleans()),
+        "seed": draw(st.integers(0, 1000)), "nan": draw(st.booleans()),
+        "nan_column": draw(st.sampled_from([0, w - 1, None])),
+    }
+
+
+@hsettings
+@given(c=same_three_tap_pools())
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_same_three_tap_pools_match_reference(op_type, c):
+    assume(fits(c))
+    x = data(c)
+    if c["nan"]:
+        n, ch, h, w = x.shape
+        at = c["seed"] % x.size
+        if c["nan_column"] is not None:
+            at = at - at % w + c["nan_column"]
+        x.reshape(-1)[at] = np.nan
+    attrs = dict(window(c), ceil_mode=int(c["ceil_mode"]))
+    if op_type == "AveragePool":
+        attrs["count_include_pad"] = int(c["count_include_pad"])
+        got = kernels.average_pool2d(x, **attrs)
+    else:
+        got = kernels.max_pool2d(x, **attrs)
+    want = reference(op_type, x, **attrs)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@st.composite
 def narrow_stride_2_pools(draw):
     """Planes at most 32 wide (and one past), stride 2 along x with 2 or 3 taps and no left pad (the
     register path: densenet's 2x2 average pools, inception's 3x3 max pools on 14x14 planes);
@@ -229,10 +269,11 @@ def test_same_result_at_one_and_two_threads(op_type):
             kernels.set_num_threads(threads)
             results.append(fn(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
             results.append(fn(x[:, :, :14, :13], [3, 3], pads=[1, 1, 1, 1]))  # the flat path
+            results.append(fn(x[:, :, :7, :7], [3, 3], pads=[1, 1, 1, 1]))  # rows under 8
             results.append(fn(x[:, :, :, :28], [2, 2], strides=[2, 2]))  # the narrow path
     finally:
         kernels.set_num_threads(before)
-    for one, two in zip(results[:3], results[3:]):
+    for one, two in zip(results[:4], results[4:]):
         assert one.tobytes() == two.tobytes()
 
 
