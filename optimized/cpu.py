@@ -172,9 +172,10 @@ def matmul(a, b):
 def packed_matmul(a, panels):
     """PackedMatMul (optimized/passes/weight_packing.py): A times the B that `panels` holds,
     the packed GEMM over the panels as they are, whatever A's rows."""
-    if a.ndim < 1:
-        return NotImplemented
-    packed = kernels.PackedWeights.from_panels(panels)
+    if (a.ndim < 1 or a.dtype != np.float32 or panels.dtype != np.float32 or panels.ndim != 3
+            or panels.shape[2] != kernels.PANEL_COLS or a.shape[-1] != panels.shape[1]):
+        return NotImplemented  # the function body's ops say what is wrong
+    packed = kernels.PackedWeights.from_panels(np.ascontiguousarray(panels))
     rows = int(np.prod(a.shape[:-1]))
     y = kernels.gemm_packed(np.ascontiguousarray(a).reshape(rows, a.shape[-1]), packed)
     return y.reshape(a.shape[:-1] + (packed.n,))

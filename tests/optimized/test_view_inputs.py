@@ -20,8 +20,9 @@ from onnx import TensorProto, helper
 from optimized import InferenceSession, SessionOptions, chains, kernels
 from optimized.cpu import KERNELS
 from optimized.passes.fuse_bias_activation import conv_hard_swish_function
-from optimized.passes.gqa_fusion import grouped_attention_function
+from optimized.passes.gqa_fusion import causal_padding_mask_function, grouped_attention_function
 from optimized.passes.rotary_fusion import rotary_function
+from optimized.passes.weight_packing import packed_matmul_function
 from optimized.plan import Plan
 from reference import ReferenceEvaluator
 from tests.models.exporter_style import (
@@ -141,6 +142,10 @@ CASES.update({
                                          rand(2, 2, 2, 7, 8), HEAD_TABLE, rand(3, 2, 1, 5, 7)],
                                         {"scale": 0.35}),
     # (B, S, N*H) with caches (positions, H/2) read at position_ids (B, S)
+    (FUSED, "PackedMatMul"): ([rand(0, 2, 3, 12), rand(1, 2, 12, 16)], {}),
+    (FUSED, "CausalPaddingMask"): ([np.array([[1, 1, 0, 1, 1], [0, 1, 1, 1, 1]], np.int64),
+                                    np.array(2, np.int64), np.array(5, np.int64)],
+                                   {"fill": -3.0e38}),
     (FUSED, "ConvHardSwish"): ([rand(0, 2, 4, 9, 11), rand(1, 5, 4, 3, 2), rand(2, 5)],
                                {"pads": [1, 0, 1, 0], "strides": [2, 1]}),
     (MS, "RotaryEmbedding"): ([rand(0, 2, 5, 32), np.array([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]]),
@@ -174,6 +179,8 @@ FUNCTIONS = {
     (FUSED, "GroupedAttention"): lambda: grouped_attention_function("GroupedAttention", 23),
     (FUSED, "GroupedAttentionMasked"): lambda: grouped_attention_function(
         "GroupedAttentionMasked", 23),
+    (FUSED, "PackedMatMul"): lambda: packed_matmul_function(23),
+    (FUSED, "CausalPaddingMask"): lambda: causal_padding_mask_function(23),
 }
 
 

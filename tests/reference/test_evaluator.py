@@ -68,7 +68,7 @@ def test_run_returns_requested_outputs_in_the_asked_order():
 def test_bad_feeds_are_rejected_before_running_and_name_the_input(feeds, message, monkeypatch):
     ev = ReferenceEvaluator(_affine_model())
     ran = []
-    monkeypatch.setattr(evaluator_module._GraphRunner, "run_node", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(evaluator_module.GraphRunner, "run_node", lambda *a, **k: ran.append(a))
     with pytest.raises(InvalidFeedError, match=message):
         ev.run(None, feeds)
     assert not ran
