@@ -36,6 +36,7 @@ from ._graph import (
     opset_version,
     set_nodes,
     taken_names,
+    unique_name,
 )
 
 PACKED_MATMUL = "PackedMatMul"
@@ -68,7 +69,7 @@ def pack_matmul_weights(model: onnx.ModelProto, store: WeightStore | None = None
     for name in packable:  # packed and its original dropped one at a time: one weight's peak
         original = by_name[name]
         panels = kernels.pack_b_panels(tensor_array(original))
-        panels_name = _fresh(f"{name}_panels", taken)
+        panels_name = unique_name(graph, f"{name}_panels", taken)
         graph.initializer.append(initializer(panels_name, panels))
         if store is not None:
             store.release(original)
@@ -116,11 +117,3 @@ def _every_reader_packs(readers, name, shapes, rows_range) -> bool:
             return False
     return True
 
-
-def _fresh(name: str, taken: set[str]) -> str:
-    candidate, i = name, 0
-    while candidate in taken:
-        i += 1
-        candidate = f"{name}_{i}"
-    taken.add(candidate)
-    return candidate

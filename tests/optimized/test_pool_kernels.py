@@ -88,6 +88,19 @@ def test_average_pool_matches_reference(c):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def check_pool_matches_reference(op_type, x, c):
+    """Our pool kernel on x with the drawn window, against the reference op."""
+    attrs = dict(window(c), ceil_mode=int(c["ceil_mode"]))
+    if op_type == "AveragePool":
+        attrs["count_include_pad"] = int(c["count_include_pad"])
+    run = kernels.average_pool2d if op_type == "AveragePool" else kernels.max_pool2d
+    got = run(x, **attrs)
+    want = reference(op_type, x, **attrs)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    # as test_average_pool_matches_reference: rows first, then columns
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @st.composite
 def same_pools(draw):
     """Stride 1 with out_w == in_w (the flat path): pads left plus right are k_w - 1, any
@@ -112,16 +125,7 @@ def test_same_stride_1_pools_match_reference(op_type, c):
     x = data(c)
     if c["nan"]:
         x.reshape(-1)[c["seed"] % x.size] = np.nan
-    attrs = dict(window(c), ceil_mode=int(c["ceil_mode"]))
-    if op_type == "AveragePool":
-        attrs["count_include_pad"] = int(c["count_include_pad"])
-        got = kernels.average_pool2d(x, **attrs)
-    else:
-        got = kernels.max_pool2d(x, **attrs)
-    want = reference(op_type, x, **attrs)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    # as test_average_pool_matches_reference: rows first, then columns
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    check_pool_matches_reference(op_type, x, c)
 
 
 @st.composite
@@ -148,20 +152,12 @@ def test_same_three_tap_pools_match_reference(op_type, c):
     assume(fits(c))
     x = data(c)
     if c["nan"]:
-        n, ch, h, w = x.shape
+        w = x.shape[-1]
         at = c["seed"] % x.size
         if c["nan_column"] is not None:
             at = at - at % w + c["nan_column"]
         x.reshape(-1)[at] = np.nan
-    attrs = dict(window(c), ceil_mode=int(c["ceil_mode"]))
-    if op_type == "AveragePool":
-        attrs["count_include_pad"] = int(c["count_include_pad"])
-        got = kernels.average_pool2d(x, **attrs)
-    else:
-        got = kernels.max_pool2d(x, **attrs)
-    want = reference(op_type, x, **attrs)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    check_pool_matches_reference(op_type, x, c)
 
 
 @st.composite
@@ -190,15 +186,7 @@ def test_narrow_stride_2_pools_match_reference(op_type, c):
     x = data(c)
     if c["nan"]:
         x.reshape(-1)[c["seed"] % x.size] = np.nan
-    attrs = dict(window(c), ceil_mode=int(c["ceil_mode"]))
-    if op_type == "AveragePool":
-        attrs["count_include_pad"] = int(c["count_include_pad"])
-    run = kernels.average_pool2d if op_type == "AveragePool" else kernels.max_pool2d
-    got = run(x, **attrs)
-    want = reference(op_type, x, **attrs)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    # as test_average_pool_matches_reference: rows first, then columns
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    check_pool_matches_reference(op_type, x, c)
 
 
 def test_hand_checked_same_average_pool():
