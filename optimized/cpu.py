@@ -172,13 +172,18 @@ def matmul(a, b):
 def packed_matmul(a, panels):
     """PackedMatMul (optimized/passes/weight_packing.py): A times the B that `panels` holds,
     the packed GEMM over the panels as they are, whatever A's rows."""
-    if (a.ndim < 1 or a.dtype != np.float32 or panels.dtype != np.float32 or panels.ndim != 3
-            or panels.shape[2] != kernels.PANEL_COLS or a.shape[-1] != panels.shape[1]):
+    if a.dtype != np.float32 or not _takes_panels(a.shape, panels):
         return NotImplemented  # the function body's ops say what is wrong
     packed = kernels.PackedWeights.from_panels(np.ascontiguousarray(panels))
     rows = int(np.prod(a.shape[:-1]))
     y = kernels.gemm_packed(np.ascontiguousarray(a).reshape(rows, a.shape[-1]), packed)
     return y.reshape(a.shape[:-1] + (packed.n,))
+
+
+def _takes_panels(a_shape, panels) -> bool:
+    """Whether the packed GEMM takes A of a_shape times the B that float32 `panels` hold."""
+    return (len(a_shape) >= 1 and panels.dtype == np.float32 and panels.ndim == 3
+            and panels.shape[2] == kernels.PANEL_COLS and a_shape[-1] == panels.shape[1])
 
 
 @float32_only
@@ -632,9 +637,9 @@ def _matmul_steps(ins, outs, *, alpha=1.0, transA=0, transB=0, transBatchA=0, tr
 @_described
 def _packed_matmul_steps(ins, outs):
     a, panels = ins[:2]
-    if panels.value is None or not a.shape:
+    if panels.value is None or not a.shape or not _takes_panels(a.shape, panels.value):
         return None
-    packed = kernels.PackedWeights.from_panels(panels.value)
+    packed = kernels.PackedWeights.from_panels(np.ascontiguousarray(panels.value))
     rows = int(np.prod(a.shape[:-1]))
     return [kernels.gemm_packed_step(a.slot, (rows, a.shape[-1]), packed, -1, None,
                                      outs[0].slot)]

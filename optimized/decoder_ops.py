@@ -170,19 +170,15 @@ def _mask_body(attention_mask, start, end, fill):
 
 def causal_padding_mask(attention_mask, start, end, *, fill):
     """(B, 1, end - start, end): 0 where key j <= start + i and attention_mask[b, j] != 0,
-    else fill.  Made at once for a 2-D numeric mask of the keys' width and int64 scalars;
-    anything else (and bad input, which it reports) goes through the body."""
+    else fill.  Made at once by csrc/causal_mask.c for a 2-D mask of a type it takes, of the
+    keys' width, and int64 scalars; anything else (and bad input, which it reports) goes
+    through the body."""
     plain = (isinstance(attention_mask, np.ndarray) and attention_mask.ndim == 2
-             and attention_mask.dtype.kind in "biuf" and all(
+             and attention_mask.dtype in kernels.CAST_TYPES and all(
                  isinstance(a, np.ndarray) and a.shape == () and a.dtype == np.int64
                  for a in (start, end)))
-    if not plain or attention_mask.shape[1] != int(end) or int(start) > int(end):
-        return _mask_body(attention_mask, start, end, fill)
-    start, end = int(start), int(end)
-    keys = np.arange(end)
-    causal = keys[None, :] <= np.arange(start, end)[:, None]
-    allowed = causal[None, None] & (attention_mask != 0)[:, None, None, :]
-    return np.where(allowed, np.float32(0.0), np.float32(fill))
+    made = kernels.causal_padding_mask(attention_mask, start, end, fill) if plain else None
+    return _mask_body(attention_mask, start, end, fill) if made is None else made
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,

@@ -1747,7 +1747,9 @@ def causal_padding_mask(mask: np.ndarray, start, end, fill: float) -> np.ndarray
                          f"expected, got {mask.dtype} of shape {list(mask.shape)}")
     start, end = np.array(start, np.int64), np.array(end, np.int64)
     batch, keys = mask.shape
-    q_len = max(int(end) - int(start), 0)
+    if int(end) != keys or int(start) > int(end):
+        return None  # refused before its output is allocated
+    q_len = int(end) - int(start)
     y = np.empty((batch, 1, q_len, keys), np.float32)
     done = lib.causal_padding_mask_f32(ffi.from_buffer("char[]", mask), CAST_TYPES[mask.dtype],
                                        ffi.from_buffer("int64_t[]", start),
