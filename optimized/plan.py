@@ -120,6 +120,15 @@ class Plan:
             from .plan_shapes import ShapePatterns
             self.shapes = ShapePatterns(self)
 
+    def close(self) -> None:
+        """Forget the compiled runs and shape patterns, which refer back to the plan, so that a
+        session letting its plan go frees it (weights included) at once instead of at the next
+        full garbage collection.  A closed plan still runs, step by step in Python."""
+        self.c_steps = None
+        self._programs.clear()
+        self._sightings.clear()
+        self.__dict__.pop("shapes", None)
+
     # binding --------------------------------------------------------------------------
     def _bind(self, node, kernels: dict, slot) -> Step:
         inputs = [slot(n) for n in node.input]

@@ -127,12 +127,21 @@ class InferenceSession:
         self._threads = self._options.intra_op_num_threads or available_cpus()
         set_num_threads(self._threads)
         fuse = self._options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        self._close_plan()
         self._plan = make_plan(self._model, self._evaluator, self._provider_options, fuse)
         if self._options.enable_profiling:
             self._profiler = Profiler()
             self._profiling_start_ns = time.time_ns()
         else:
             self._profiler = None
+
+    def _close_plan(self) -> None:
+        plan = self.__dict__.get("_plan")  # absent before the first plan, or when __init__ raised
+        if plan is not None:
+            plan.close()
+
+    def __del__(self) -> None:
+        self._close_plan()
 
     def _rewrite(self, model, *, for_cpu: bool):
         from .passes import optimize
