@@ -21,7 +21,7 @@ ROOT = os.path.dirname(HERE)
 SOURCES = ["threads.c", "elementwise.c", "gemm.c", "gemm_packed.c", "conv.c", "conv_pointwise.c", "depthwise.c", "pool.c", "rowwise.c", "attention.c",
            "matmul_nbits.c", "rmsnorm.c",
            "gated.c", "rotary.c", "gqa.c", "plan.c", "onednn_conv.c", "onednn_region.c", "gemv.c",
-           "causal_mask.c"]
+           "causal_mask.c", "nbits_pack.c"]
 
 
 def _onednn_include_dir() -> str | None:

@@ -41,6 +41,11 @@ void gemm_block(int trans_a, int trans_b, int m, int n, int k, float alpha, cons
 void gemm_parallel(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                    int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
+/* MatMulNBits's 4-bit weight rows (row_bytes apart, padding past the codes left as it is)
+ * from k x n DequantizeLinear codes, n even (csrc/nbits_pack.c); flip XORs each code. */
+void matmul_nbits_pack4_pairs(const uint8_t *src, uint8_t *dst, int k, int n, size_t row_bytes,
+                              uint8_t flip);
+
 /* y[i] = act(y[i]) in place. */
 void activate_inplace(float *y, size_t n, int act, float alpha, float beta);
 

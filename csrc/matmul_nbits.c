@@ -713,46 +713,6 @@ static void pack_codes(const uint8_t *src, uint8_t *dst, int k, int n, int bits,
     }
 }
 
-/* 4-bit [k, n] codes, n even, weight rows [j0, j1) (j1 - j0 even, at most PACK_CHUNK_N): the
- * bytes of source rows i and i + 1 at column pair (j, j + 1) make byte i / 2 of weight rows j
- * and j + 1.  A tile of PACK_TILE_K source rows is gathered into a small contiguous buffer
- * first, then copied out row by row: written straight into rows whose stride is a multiple of
- * 4 KiB, the tile's bytes would all compete for the same few cache sets. */
-static void pack4_column_pairs(const uint8_t *restrict src, uint8_t *restrict dst, int k, int n,
-                               size_t row_bytes, uint8_t flip, int j0, int j1)
-{
-    enum { TILE_BYTES = PACK_TILE_K / 2 };
-    uint8_t tile[PACK_CHUNK_N][TILE_BYTES];
-    size_t src_row = (size_t)n / 2;
-    uint8_t flip2 = (uint8_t)(flip | flip << 4);
-    int pairs = (j1 - j0) / 2;
-    for (int k0 = 0; k0 < k; k0 += PACK_TILE_K) {
-        int k1 = k - k0 < PACK_TILE_K ? k : k0 + PACK_TILE_K;
-        int i = k0;
-        for (; i + 1 < k1; i += 2) {
-            const uint8_t *restrict top = src + (size_t)i * src_row + j0 / 2;
-            const uint8_t *restrict bottom = top + src_row;
-            int at = (i - k0) / 2;
-            for (int p = 0; p < pairs; ++p) {
-                uint8_t a = top[p], b = bottom[p];
-                tile[2 * p][at] = (uint8_t)(((a & 15) | (b << 4)) ^ flip2);
-                tile[2 * p + 1][at] = (uint8_t)(((a >> 4) | (b & 0xF0)) ^ flip2);
-            }
-        }
-        if (i < k1) { /* k odd: the last code alone in its byte */
-            const uint8_t *restrict top = src + (size_t)i * src_row + j0 / 2;
-            int at = (i - k0) / 2;
-            for (int p = 0; p < pairs; ++p) {
-                tile[2 * p][at] = (uint8_t)((top[p] & 15) ^ flip);
-                tile[2 * p + 1][at] = (uint8_t)((top[p] >> 4) ^ flip);
-            }
-        }
-        size_t bytes = (size_t)(k1 - k0 + 1) / 2;
-        for (int r = 0; r < 2 * pairs; ++r)
-            memcpy(dst + (size_t)(j0 + r) * row_bytes + k0 / 2, tile[r], bytes);
-    }
-}
-
 /* [n, k] codes whose rows start on whole bytes (8-bit, or k even): each weight row is its
  * source row, signs flipped. */
 static void pack_rows(const uint8_t *restrict src, uint8_t *restrict dst, int k, int bits,
@@ -783,13 +743,15 @@ void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits,
     } else {
         memset(dst, 0, (size_t)n * row_bytes);  /* pack_codes ORs codes into place */
     }
+    if (pairs) { /* a byte transpose, in registers where AVX2 runs (csrc/nbits_pack.c) */
+        matmul_nbits_pack4_pairs(src, dst, k, n, row_bytes, flip);
+        return;
+    }
     /* one thread: it runs once, while a session loads, and two threads on a busy machine took
      * longer than one (a thread waiting at the barrier for a core) */
     for (int j0 = 0; j0 < n; j0 += PACK_CHUNK_N) {
         int j1 = n - j0 < PACK_CHUNK_N ? n : j0 + PACK_CHUNK_N;
-        if (pairs)
-            pack4_column_pairs(src, dst, k, n, row_bytes, flip, j0, j1);
-        else if (whole_rows)
+        if (whole_rows)
             pack_rows(src, dst, k, bits, row_bytes, flip, j0, j1);
         else
             pack_codes(src, dst, k, n, bits, row_bytes, transposed, flip, j0, j1);

@@ -1,0 +1,124 @@
+/* 4-bit [k, n] codes (a DequantizeLinear weight, two codes a byte along n, the first in the low
+ * nibble) repacked as MatMulNBits's rows: weight row j holds codes (i, j) for i along k, two a
+ * byte.  The bytes of source rows i and i + 1 at byte column p make byte i / 2 of weight rows
+ * 2p (their low nibbles) and 2p + 1 (their high nibbles), so the repacking is a byte transpose
+ * of those pairs.  With AVX2, tiles of 32 source rows by 32 byte columns are transposed in
+ * registers (two 16 x 16 byte transposes, one in each 128-bit lane); the edges go byte by
+ * byte.  The rows' padding past the codes is the caller's. */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* Source rows [i0, i1) (i0 even) by byte columns [p0, p1), one byte at a time. */
+static void pack4_pairs_bytes(const uint8_t *restrict src, uint8_t *restrict dst, int k,
+                              size_t src_row, size_t row_bytes, uint8_t flip, int i0, int i1,
+                              size_t p0, size_t p1)
+{
+    uint8_t flip2 = (uint8_t)(flip | flip << 4);
+    for (size_t p = p0; p < p1; ++p) {
+        uint8_t *even = dst + 2 * p * row_bytes, *odd = even + row_bytes;
+        int i = i0;
+        for (; i + 1 < i1; i += 2) {
+            uint8_t a = src[(size_t)i * src_row + p], b = src[(size_t)(i + 1) * src_row + p];
+            even[i / 2] = (uint8_t)(((a & 15) | (b << 4)) ^ flip2);
+            odd[i / 2] = (uint8_t)(((a >> 4) | (b & 0xF0)) ^ flip2);
+        }
+        if (i < i1 && i < k) { /* k odd: the last code alone in its byte */
+            uint8_t a = src[(size_t)i * src_row + p];
+            even[i / 2] = (uint8_t)((a & 15) ^ flip);
+            odd[i / 2] = (uint8_t)((a >> 4) ^ flip);
+        }
+    }
+}
+
+#if defined(__x86_64__)
+/* Each 128-bit lane of r[0..15] transposed as a 16 x 16 byte matrix (row t in r[t]); column c
+ * ends in r[bit-reversed c] (four interleaving stages, each halving the row index and doubling
+ * the width). */
+AVX2 static inline __attribute__((always_inline)) void transpose16_lanes(__m256i r[16])
+{
+    __m256i t[16];
+    for (int m = 0; m < 8; ++m) {
+        t[m] = _mm256_unpacklo_epi8(r[2 * m], r[2 * m + 1]);
+        t[m + 8] = _mm256_unpackhi_epi8(r[2 * m], r[2 * m + 1]);
+    }
+    for (int m = 0; m < 8; ++m) {
+        r[m] = _mm256_unpacklo_epi16(t[2 * m], t[2 * m + 1]);
+        r[m + 8] = _mm256_unpackhi_epi16(t[2 * m], t[2 * m + 1]);
+    }
+    for (int m = 0; m < 8; ++m) {
+        t[m] = _mm256_unpacklo_epi32(r[2 * m], r[2 * m + 1]);
+        t[m + 8] = _mm256_unpackhi_epi32(r[2 * m], r[2 * m + 1]);
+    }
+    for (int m = 0; m < 8; ++m) {
+        r[m] = _mm256_unpacklo_epi64(t[2 * m], t[2 * m + 1]);
+        r[m + 8] = _mm256_unpackhi_epi64(t[2 * m], t[2 * m + 1]);
+    }
+}
+
+static const int BIT_REVERSED[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
+/* 16 rows of the transposed tile, lane 0 to weight rows first + 2c, lane 1 to weight rows
+ * first + 32 + 2c, 16 bytes each at byte `at`. */
+AVX2 static inline __attribute__((always_inline)) void store_columns(
+    const __m256i r[16], uint8_t *restrict first, size_t row_bytes)
+{
+    for (int c = 0; c < 16; ++c) {
+        __m256i v = r[BIT_REVERSED[c]];
+        _mm_storeu_si128((__m128i *)(first + 2 * (size_t)c * row_bytes), _mm256_castsi256_si128(v));
+        _mm_storeu_si128((__m128i *)(first + (32 + 2 * (size_t)c) * row_bytes),
+                         _mm256_extracti128_si256(v, 1));
+    }
+}
+
+/* Source rows [0, k32) (a multiple of 32) by byte columns [0, p32) (a multiple of 32). */
+AVX2 static void pack4_pairs_avx2(const uint8_t *restrict src, uint8_t *restrict dst,
+                                  size_t src_row, size_t row_bytes, uint8_t flip, int k32,
+                                  size_t p32)
+{
+    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8((char)0xF0);
+    const __m256i flip2 = _mm256_set1_epi8((char)(flip | flip << 4));
+    for (size_t p0 = 0; p0 < p32; p0 += 32) {
+        uint8_t *rows = dst + 2 * p0 * row_bytes;
+        for (int i0 = 0; i0 < k32; i0 += 32) {
+            __m256i even[16], odd[16];
+            const uint8_t *in = src + (size_t)i0 * src_row + p0;
+            for (int t = 0; t < 16; ++t) {
+                __m256i a = _mm256_loadu_si256((const __m256i *)(in + 2 * (size_t)t * src_row));
+                __m256i b = _mm256_loadu_si256((const __m256i *)(in + (2 * (size_t)t + 1) * src_row));
+                even[t] = _mm256_xor_si256(
+                    _mm256_or_si256(_mm256_and_si256(a, low),
+                                    _mm256_and_si256(_mm256_slli_epi16(b, 4), high)), flip2);
+                odd[t] = _mm256_xor_si256(
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low),
+                                    _mm256_and_si256(b, high)), flip2);
+            }
+            transpose16_lanes(even);
+            store_columns(even, rows + i0 / 2, row_bytes);
+            transpose16_lanes(odd);
+            store_columns(odd, rows + row_bytes + i0 / 2, row_bytes);
+        }
+    }
+}
+#endif
+
+void matmul_nbits_pack4_pairs(const uint8_t *src, uint8_t *dst, int k, int n, size_t row_bytes,
+                              uint8_t flip)
+{
+    size_t src_row = (size_t)n / 2;
+    int k32 = 0;
+    size_t p32 = 0;
+#if defined(__x86_64__)
+    if (have_avx2()) {
+        k32 = k / 32 * 32;
+        p32 = src_row / 32 * 32;
+        if (k32 && p32)
+            pack4_pairs_avx2(src, dst, src_row, row_bytes, flip, k32, p32);
+        else
+            k32 = 0, p32 = 0;
+    }
+#endif
+    pack4_pairs_bytes(src, dst, k, src_row, row_bytes, flip, k32, k, 0, p32);
+    pack4_pairs_bytes(src, dst, k, src_row, row_bytes, flip, 0, k, p32, src_row);
+}

@@ -1,0 +1,57 @@
+"""kernels.matmul_nbits_pack on 4-bit [K, N] codes (the QDQ weight form): csrc/nbits_pack.c
+transposes tiles of 32 source rows by 64 columns in AVX2 registers and does the edges byte by
+byte, so shapes here run past several tiles with every kind of edge (K odd, K and N not
+multiples of the tile). The expected layout is built code by code from its definition:
+weight row j holds codes (i, j) for i along K, two a byte, the first in the low nibble,
+then zeros to the end of its last block."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from optimized import kernels
+
+
+def packed_4bit(codes: np.ndarray) -> np.ndarray:
+    """A 4-bit tensor's raw data: the codes in row-major order, two a byte, low nibble first."""
+    flat = codes.reshape(-1).astype(np.uint8) & 15
+    flat = np.append(flat, np.zeros(flat.size % 2, np.uint8))
+    return flat[0::2] | (flat[1::2] << 4)
+
+
+def expected_rows(codes_kn: np.ndarray, block_size: int, offset: int) -> np.ndarray:
+    k, n = codes_kn.shape
+    row_bytes = -(-k // block_size) * block_size // 2
+    rows = np.zeros((n, row_bytes), np.uint8)
+    for j in range(n):
+        for i in range(k):
+            rows[j, i // 2] |= ((int(codes_kn[i, j]) + offset) & 15) << (4 * (i % 2))
+    return rows
+
+
+def check_pack(k, n, block_size, signed, seed):
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(-8, 8, (k, n)) if signed else rng.integers(0, 16, (k, n))
+    packed = kernels.matmul_nbits_pack(packed_4bit(codes), k=k, n=n, bits=4,
+                                       block_size=block_size, signed=signed)
+    assert packed.shape == (n, -(-k // block_size), block_size // 2)
+    np.testing.assert_array_equal(packed.reshape(n, -1),
+                                  expected_rows(codes, block_size, 8 if signed else 0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 200), pairs=st.integers(1, 90),
+       block_size=st.sampled_from([16, 32, 64, 128]), signed=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_pack_4bit_matches_the_layout(k, pairs, block_size, signed, seed):
+    check_pack(k, 2 * pairs, block_size, signed, seed)
+
+
+@pytest.mark.parametrize("k,n", [(32, 64), (64, 128), (96, 192), (33, 66), (127, 130),
+                                 (160, 62), (31, 256), (256, 100)])
+def test_pack_4bit_whole_tiles_and_edges(k, n):
+    """Whole tiles only, one code row or column pair past them, and shapes with no whole tile
+    along one axis (K < 32, N < 64)."""
+    check_pack(k, n, 32, signed=True, seed=k * n)
