@@ -437,6 +437,42 @@ def splice(nodes: list, old: list, new: list) -> list:
     return spliced
 
 
+class Splices:
+    """A pass's node list under many splice()s, applied in one walk at the end (splice
+    rebuilds the whole list each time: 240 matches in a 1700-node light model cost 20 ms).
+    A replacement whose old nodes are all nodes of the list that no replacement has touched
+    yet is recorded where the last of them stands; any other is spliced at once into the list
+    as it is by then. nodes() is what splice() one after another gives."""
+
+    def __init__(self, nodes):
+        self._reset(list(nodes))
+
+    def _reset(self, nodes: list) -> None:
+        self._base = nodes
+        self._position = {id(n): k for k, n in enumerate(nodes)}
+        self._placed: dict[int, list] = {}  # position of the last old node -> its new nodes
+        self._removed: set[int] = set()
+
+    def replace(self, old, new) -> None:
+        positions = {self._position.get(id(n)) for n in old}
+        if positions and None not in positions and positions.isdisjoint(self._removed):
+            self._removed.update(positions)
+            self._placed[max(positions)] = list(new)
+            return
+        self._reset(splice(self.nodes(), old, new))
+
+    def nodes(self) -> list:
+        if not self._removed:
+            return self._base
+        placed, removed, out = self._placed, self._removed, []
+        for k, node in enumerate(self._base):
+            if k in placed:
+                out.extend(placed[k])
+            elif k not in removed:
+                out.append(node)
+        return out
+
+
 class Shapes:
     """Element types and shapes from onnx shape inference (None where unknown)."""
 

@@ -9,6 +9,7 @@ from onnx import helper
 from ._graph import (
     Constants,
     Shapes,
+    Splices,
     add_initializer,
     batchnorm_affine,
     consumers,
@@ -17,7 +18,6 @@ from ._graph import (
     is_inference_batchnorm,
     opset_version,
     set_nodes,
-    splice,
     taken_names,
     unique_name,
 )
@@ -31,8 +31,8 @@ def batchnorm_to_affine(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = opset_version(model)
     if opset < 7:  # Mul and Add broadcast numpy's way only from opset 7
         return model
-    nodes, taken = list(graph.node), taken_names(graph)
-    for bn in list(nodes):
+    nodes, taken = Splices(graph.node), taken_names(graph)
+    for bn in list(graph.node):
         if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
             continue
         if not is_inference_batchnorm(bn, uses, outputs, opset):
@@ -46,8 +46,8 @@ def batchnorm_to_affine(model: onnx.ModelProto) -> onnx.ModelProto:
         scaled = unique_name(graph, f"{bn.output[0]}_bn_scaled", taken)
         new = [helper.make_node("Mul", [bn.input[0], scale], [scaled], name=f"{bn.name}_scale"),
                helper.make_node("Add", [scaled, shift], [bn.output[0]], name=f"{bn.name}_shift")]
-        nodes = splice(nodes, [bn], new)
-    set_nodes(graph, nodes)
+        nodes.replace([bn], new)
+    set_nodes(graph, nodes.nodes())
     return model
 
 

@@ -9,13 +9,13 @@ from onnx import helper
 
 from ._graph import (
     Constants,
+    Splices,
     add_initializer,
     consumers,
     copy_model,
     graph_output_names,
     only_reader,
     set_nodes,
-    splice,
     taken_names,
 )
 
@@ -25,8 +25,8 @@ def fold_conv_affine(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     constants = Constants(graph)
     uses, outputs = consumers(graph), graph_output_names(graph)
-    nodes, taken = list(graph.node), taken_names(graph)
-    for conv in list(nodes):
+    nodes, taken = Splices(graph.node), taken_names(graph)
+    for conv in list(graph.node):
         if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
             continue
         weights = _conv_weights(conv, constants)
@@ -52,8 +52,8 @@ def fold_conv_affine(model: onnx.ModelProto) -> onnx.ModelProto:
                                   taken)]
         fused = helper.make_node("Conv", inputs, [last.output[0]], name=conv.name or last.name)
         fused.attribute.extend(conv.attribute)
-        nodes = splice(nodes, [conv] + chain, [fused])
-    set_nodes(graph, nodes)
+        nodes.replace([conv] + chain, [fused])
+    set_nodes(graph, nodes.nodes())
     return model
 
 

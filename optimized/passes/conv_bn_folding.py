@@ -8,6 +8,7 @@ from onnx import helper
 
 from ._graph import (
     Constants,
+    Splices,
     add_initializer,
     batchnorm_affine,
     consumers,
@@ -18,7 +19,6 @@ from ._graph import (
     opset_version,
     scale_channels,
     set_nodes,
-    splice,
     taken_names,
 )
 
@@ -29,8 +29,8 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
     constants = Constants(graph)
     uses, outputs = consumers(graph), graph_output_names(graph)
     opset = opset_version(model)
-    nodes, taken = list(graph.node), taken_names(graph)
-    for conv in list(nodes):
+    nodes, taken = Splices(graph.node), taken_names(graph)
+    for conv in list(graph.node):
         if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
             continue
         bn = only_reader(uses, outputs, conv.output[0])
@@ -45,8 +45,8 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
                   add_initializer(graph, (conv.name or bn.output[0]) + "_bn_bias", b, taken)]
         fused = helper.make_node("Conv", inputs, [bn.output[0]], name=conv.name or bn.name)
         fused.attribute.extend(conv.attribute)
-        nodes = splice(nodes, [conv, bn], [fused])
-    set_nodes(graph, nodes)
+        nodes.replace([conv, bn], [fused])
+    set_nodes(graph, nodes.nodes())
     return model
 
 

@@ -18,6 +18,7 @@ from ._graph import (
     MS_DOMAIN,
     Constants,
     Shapes,
+    Splices,
     add_fused_functions,
     attr,
     consumers,
@@ -28,7 +29,6 @@ from ._graph import (
     opset_version,
     scalar,
     set_nodes,
-    splice,
 )
 
 CONV_HARD_SWISH = "ConvHardSwish"
@@ -49,10 +49,10 @@ def fuse_bias_activation(model: onnx.ModelProto) -> onnx.ModelProto:
     shapes, constants = Shapes(model), Constants(graph)
     uses, outputs = consumers(graph), graph_output_names(graph)
     opset = opset_version(model)
-    nodes = list(graph.node)
+    nodes = Splices(graph.node)
     microsoft = hard_swish = False  # which domains' ops were written
     consumed: set[int] = set()  # a residual Add read by two Convs goes to the first one only
-    for node in list(nodes):
+    for node in list(graph.node):
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("Conv", "Gemm", "MatMul"):
             continue
         if shapes.elem_type(node.output[0]) != onnx.TensorProto.FLOAT:
@@ -74,10 +74,10 @@ def fuse_bias_activation(model: onnx.ModelProto) -> onnx.ModelProto:
         replaced = [node, *followers]
         if fused is not None and not any(id(n) in consumed for n in replaced):
             consumed.update(id(n) for n in replaced)
-            nodes = splice(nodes, replaced, [fused])
+            nodes.replace(replaced, [fused])
             microsoft |= fused.domain == MS_DOMAIN
             hard_swish |= fused.domain == FUSED_DOMAIN
-    set_nodes(graph, nodes)
+    set_nodes(graph, nodes.nodes())
     if microsoft:
         ensure_opset(model, MS_DOMAIN, 1)
     if hard_swish:

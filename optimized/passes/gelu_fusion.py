@@ -20,6 +20,7 @@ from onnx import helper
 from ._graph import (
     MS_DOMAIN,
     Constants,
+    Splices,
     consumers,
     copy_model,
     ensure_opset,
@@ -31,7 +32,6 @@ from ._graph import (
     reads_type_only,
     scalar_through_cast,
     set_nodes,
-    splice,
 )
 
 
@@ -41,9 +41,9 @@ def fuse_gelu(model: onnx.ModelProto) -> onnx.ModelProto:
     constants = Constants(graph)
     ctx = _Context(consumers(graph), graph_output_names(graph), producers(graph), constants)
     opset = opset_version(model)
-    nodes = list(graph.node)
+    nodes = Splices(graph.node)
     used_ms = False
-    for node in list(nodes):
+    for node in list(graph.node):
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("Erf", "Tanh"):
             continue
         if node.op_type == "Erf":
@@ -61,8 +61,8 @@ def fuse_gelu(model: onnx.ModelProto) -> onnx.ModelProto:
             op_type = "Gelu" if node.op_type == "Erf" else "FastGelu"
             fused = helper.make_node(op_type, [x], [y], name=name, domain=MS_DOMAIN)
             used_ms = True
-        nodes = splice(nodes, pattern, [fused])
-    set_nodes(graph, nodes)
+        nodes.replace(pattern, [fused])
+    set_nodes(graph, nodes.nodes())
     if used_ms:
         ensure_opset(model, MS_DOMAIN, 1)
     return model

@@ -8,12 +8,12 @@ from ._graph import (
     FLOAT_TYPES,
     Constants,
     Shapes,
+    Splices,
     consumers,
     copy_model,
     graph_output_names,
     only_reader,
     set_nodes,
-    splice,
 )
 
 
@@ -22,8 +22,8 @@ def matmul_add_to_gemm(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     shapes, constants = Shapes(model), Constants(graph)
     uses, outputs = consumers(graph), graph_output_names(graph)
-    nodes = list(graph.node)
-    for matmul in list(nodes):
+    nodes = Splices(graph.node)
+    for matmul in list(graph.node):
         if matmul.op_type != "MatMul" or matmul.domain not in ("", "ai.onnx"):
             continue
         add = only_reader(uses, outputs, matmul.output[0])
@@ -34,8 +34,8 @@ def matmul_add_to_gemm(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         gemm = helper.make_node("Gemm", [matmul.input[0], matmul.input[1], bias],
                                 [add.output[0]], name=matmul.name or add.name)
-        nodes = splice(nodes, [matmul, add], [gemm])
-    set_nodes(graph, nodes)
+        nodes.replace([matmul, add], [gemm])
+    set_nodes(graph, nodes.nodes())
     return model
 
 

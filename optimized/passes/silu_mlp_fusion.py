@@ -18,6 +18,7 @@ from onnx import helper
 from ._graph import (
     FUSED_DOMAIN,
     Shapes,
+    Splices,
     add_fused_functions,
     consumers,
     copy_model,
@@ -25,7 +26,6 @@ from ._graph import (
     opset_version,
     private_values,
     set_nodes,
-    splice,
 )
 
 SILU_MUL = "SiluMul"
@@ -40,7 +40,7 @@ def fuse_silu_mlp(model: onnx.ModelProto) -> onnx.ModelProto:
     model = copy_model(model)
     graph = model.graph
     shapes, uses, outputs = Shapes(model), consumers(graph), graph_output_names(graph)
-    nodes = list(graph.node)
+    nodes = Splices(graph.node)
     fused = 0
     for sigmoid in list(graph.node):
         if sigmoid.op_type != "Sigmoid" or sigmoid.domain not in ("", "ai.onnx"):
@@ -51,11 +51,11 @@ def fuse_silu_mlp(model: onnx.ModelProto) -> onnx.ModelProto:
         pattern, gate, up, y = match
         new = helper.make_node(SILU_MUL, [gate, up], [y], domain=FUSED_DOMAIN,
                                name=sigmoid.name or y)
-        nodes = splice(nodes, pattern, [new])
+        nodes.replace(pattern, [new])
         fused += 1
     if not fused:
         return model
-    set_nodes(graph, nodes)
+    set_nodes(graph, nodes.nodes())
     add_fused_functions(model, [SILU_MUL], lambda _: silu_mul_function(opset))
     return model
 
