@@ -218,16 +218,37 @@ def _nbits_weights(graph, constants, match: Match, taken: set[str]):
     codes = kernels.matmul_nbits_pack(
         _raw_codes(constants[match.weight], match.bits), k=match.k, n=match.n, bits=match.bits,
         block_size=block, transposed=match.transposed, signed=match.signed)
-    offset = 1 << (match.bits - 1)
-    zp = (_per_block(tensor_array(constants[zp_name]), match)[dq_of].T.astype(np.int16)
-          if zp_name else np.zeros((match.n, blocks), np.int16)) + (offset if match.signed else 0)
+    zero_points = _nbits_zero_points(constants[zp_name] if zp_name else None, match, blocks,
+                                     None if same else dq_of)
     base, store = match.weight, store_of(constants[match.weight])
     names = [_add(graph, f"{base}_nbits", codes, taken, store),
              _add(graph, f"{base}_nbits_scales", scales, taken, store)]
-    if not np.all(zp == offset):  # else MatMulNBits's default zero point
-        names.append(_add(graph, f"{base}_nbits_zero_points",
-                          _packed_zero_points(zp, match.bits), taken, store))
+    if zero_points is not None:
+        names.append(_add(graph, f"{base}_nbits_zero_points", zero_points, taken, store))
     return names, {"K": match.k, "N": match.n, "bits": match.bits, "block_size": block}
+
+
+def _nbits_zero_points(tensor, match: Match, blocks: int, dq_of) -> np.ndarray | None:
+    """MatMulNBits's packed zero points [N, blocks] for the DequantizeLinear's (moved by
+    2^(bits - 1) when signed), or None where each is MatMulNBits's default 2^(bits - 1).
+    Blockwise ones in the DequantizeLinear's own blocks are repacked from their raw bytes as
+    the codes are (the same layout: [blocks, N] to rows of N, first block in the low nibble);
+    dq_of: the DequantizeLinear block of each MatMulNBits block, when they differ."""
+    offset = 1 << (match.bits - 1)
+    if tensor is None:  # DequantizeLinear's default zero point, 0
+        return None if match.signed else _packed_zero_points(
+            np.zeros((match.n, blocks), np.uint8), match.bits)
+    if match.layout == "blocks" and dq_of is None:
+        row = (blocks * match.bits + 7) // 8
+        packed = kernels.matmul_nbits_pack(
+            _raw_codes(tensor, match.bits), k=blocks, n=match.n, bits=match.bits, block_size=16,
+            transposed=match.transposed, signed=match.signed).reshape(match.n, -1)[:, :row]
+        default = _packed_zero_points(np.full((1, blocks), offset), match.bits)
+        return None if np.array_equal(packed, np.broadcast_to(default, packed.shape)) else (
+            np.ascontiguousarray(packed))
+    zp = _per_block(tensor_array(tensor), match)
+    zp = (zp if dq_of is None else zp[dq_of]).T.astype(np.int16) + (offset if match.signed else 0)
+    return None if np.all(zp == offset) else _packed_zero_points(zp, match.bits)
 
 
 def _raw_codes(tensor, bits):

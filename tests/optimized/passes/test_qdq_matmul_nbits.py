@@ -354,3 +354,20 @@ def test_level_0_runs_the_qdq_graph_from_the_weight_store():
     session, got = run_session(model, a, optimized.GraphOptimizationLevel.ORT_DISABLE_ALL)
     assert "DequantizeLinear" in op_types(session.optimized_model)
     np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"a": a})[0])
+
+
+@pytest.mark.parametrize("k,n,block", [(1100, 130, 16), (512, 64, 16), (96, 200, 32)])
+@pytest.mark.parametrize("bits,signed", [(4, False), (4, True), (8, False), (8, True)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_wide_weights_with_zero_points(k, n, block, bits, signed, transposed):
+    """Shapes past the repacking's register tiles (32 code rows by 64 columns) for the codes
+    and, with 32 blocks or more along K, for the zero points, which are repacked from their
+    raw bytes the same way: an odd number of blocks (1100 / 16 = 69, the last one partial),
+    whole tiles only (512 x 64), and N not a multiple of 64."""
+    rng = np.random.default_rng(k + n + bits)
+    model = qdq_model(rng, k=k, n=n, bits=bits, signed=signed, zero_points=True,
+                      scheme="block", block=block, transposed=transposed)
+    a = rng.standard_normal((3, k), dtype=np.float32)
+    session, got = run_session(model, a)
+    assert_fused(session.optimized_model, k, n)
+    assert_agrees_with_qdq_graph(model, session.optimized_model, a, got)
