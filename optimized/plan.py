@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -133,11 +133,12 @@ class Plan:
     def _bind(self, node, kernels: dict, slot) -> Step:
         inputs = [slot(n) for n in node.input]
         outputs = [slot(n) for n in node.output]
-        reference = self._reference_call(node)
-        fast = kernels.get((canonical_domain(node.domain), node.op_type))
+        domain = canonical_domain(node.domain)
+        attrs = self._shared_attributes(node)
+        reference = self._reference_of(node, domain, attrs)
+        fast = kernels.get((domain, node.op_type))
         if fast is None:
             return Step(node, reference, inputs, outputs)
-        attrs = self.static_attributes(node)
         if attrs is None:
             return Step(node, reference, inputs, outputs)
         try:
@@ -145,7 +146,7 @@ class Plan:
         except TypeError:  # an unhashable kernel object
             takes_context = "ctx" in inspect.signature(fast).parameters
         if takes_context:
-            opset = self.opsets.get(canonical_domain(node.domain), 0)
+            opset = self.opsets.get(domain, 0)
             attrs = {**attrs, "ctx": OpContext(opset, node, list(node.output), self.evaluator)}
 
         def run_fast(*values, _fast=fast, _attrs=attrs, _reference=reference):
@@ -159,6 +160,12 @@ class Plan:
     def static_attributes(self, node) -> dict | None:
         """Attributes with schema defaults, converted once per node (a new dict on each call);
         None if the node has subgraphs."""
+        attrs = self._shared_attributes(node)
+        return None if attrs is None else dict(attrs)
+
+    def _shared_attributes(self, node) -> dict | None:
+        """static_attributes' cached dict itself, for readers that never change it (binding
+        asks three times a node)."""
         cached = self._attributes.get(id(node))
         if cached is None or cached[0] is not node:
             if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
@@ -169,13 +176,14 @@ class Plan:
                 schema = schema_for(node.op_type, self.opsets.get(domain, 0), domain)
                 attrs = self._runner.attributes(node, Scope(), (), None, schema)
             cached = self._attributes[id(node)] = (node, attrs)
-        return None if cached[1] is None else dict(cached[1])
+        return cached[1]
 
     def _reference_call(self, node):
-        domain = canonical_domain(node.domain)
+        return self._reference_of(node, canonical_domain(node.domain), self._shared_attributes(node))
+
+    def _reference_of(self, node, domain: str, attrs: dict | None):
         opset = self.opsets.get(domain)
         impl = lookup(domain, node.op_type, opset) if opset is not None else None
-        attrs = self.static_attributes(node)
         plain = (impl is not None and attrs is not None
                  and (node.domain, node.op_type) not in self.evaluator.functions)
         if plain:
@@ -197,7 +205,8 @@ class Plan:
 
     def _with_releases(self, steps: list[Step]) -> list[Step]:
         """Copies of the steps, each releasing the slots whose last use it is."""
-        steps = [replace(step, release=[]) for step in steps]
+        steps = [Step(step.node, step.run, step.inputs, step.outputs, [], step.kernel,
+                      step.reference) for step in steps]
         keep = set(self.output_slots)
         last_use: dict[int, int] = {}
         for i, step in enumerate(steps):
@@ -210,7 +219,7 @@ class Plan:
 
     def _fuse_chains(self, steps: list[Step]) -> list[Step]:
         """Each elementwise chain (optimized/chains.py) as one step, at its last member's place."""
-        encodings = [chains.chain_op(step.node, self.static_attributes(step.node) or {})
+        encodings = [chains.chain_op(step.node, self._shared_attributes(step.node) or {})
                      if step.kernel == "fast" else None for step in steps]
         readers: dict[int, int] = {}
         for step in steps:
