@@ -170,6 +170,10 @@ enum { PLAN_MATMUL_NBITS = 40 };
 void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits, int block_size,
                        int transposed, int flip_sign);
 
+/* A DequantizeLinear's scales [blocks, n] as MatMulNBits's [n, blocks] (a float transpose, in
+ * AVX2 registers where it runs: csrc/nbits_pack.c). */
+void matmul_nbits_scales(const float *src, float *dst, int blocks, int n);
+
 /* Per row of x (rows x cols): s = x, or x + skip (+ bias) when skip is not NULL (skip shaped
  * like x, bias one row); y = s / sqrt(mean(s^2) + epsilon) * scale.  sum (the s of the skip
  * form) and inv_rms (one value per row) may be NULL.  y may alias x; sum may not alias y. */

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "internal.h"
+#include "kernels.h"
 
 /* Source rows [i0, i1) (i0 even) by byte columns [p0, p1), one byte at a time. */
 static void pack4_pairs_bytes(const uint8_t *restrict src, uint8_t *restrict dst, int k,
@@ -54,6 +55,43 @@ AVX2 static inline __attribute__((always_inline)) void transpose16_lanes(__m256i
     for (int m = 0; m < 8; ++m) {
         r[m] = _mm256_unpacklo_epi64(t[2 * m], t[2 * m + 1]);
         r[m + 8] = _mm256_unpackhi_epi64(t[2 * m], t[2 * m + 1]);
+    }
+}
+
+/* An 8 x 8 block of floats, rows `from` floats apart, written transposed, rows `to` apart. */
+AVX2 static inline __attribute__((always_inline)) void transpose8_f32(
+    const float *restrict s, size_t from, float *restrict d, size_t to)
+{
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i)
+        r[i] = _mm256_loadu_ps(s + i * from);
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; ++i)
+        _mm256_storeu_ps(d + i * to, t[i]);
+}
+
+/* Rows [0, rows8) by columns [0, cols8) (multiples of 8), 64 columns at a time. */
+AVX2 static void transpose_f32_avx2(const float *restrict src, float *restrict dst, size_t rows,
+                                    size_t cols, size_t rows8, size_t cols8)
+{
+    for (size_t c0 = 0; c0 < cols8; c0 += 64) {
+        size_t c1 = cols8 - c0 < 64 ? cols8 : c0 + 64;
+        for (size_t r0 = 0; r0 < rows8; r0 += 8)
+            for (size_t c = c0; c < c1; c += 8)
+                transpose8_f32(src + r0 * cols + c, cols, dst + c * rows + r0, rows);
     }
 }
 
@@ -121,4 +159,19 @@ void matmul_nbits_pack4_pairs(const uint8_t *src, uint8_t *dst, int k, int n, si
 #endif
     pack4_pairs_bytes(src, dst, k, src_row, row_bytes, flip, k32, k, 0, p32);
     pack4_pairs_bytes(src, dst, k, src_row, row_bytes, flip, 0, k, p32, src_row);
+}
+
+void matmul_nbits_scales(const float *src, float *dst, int blocks, int n)
+{
+    size_t rows = (size_t)blocks, cols = (size_t)n, rows8 = 0, cols8 = 0;
+#if defined(__x86_64__)
+    if (have_avx2()) {
+        rows8 = rows / 8 * 8;
+        cols8 = cols / 8 * 8;
+        transpose_f32_avx2(src, dst, rows, cols, rows8, cols8);
+    }
+#endif
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t c = r < rows8 ? cols8 : 0; c < cols; ++c)
+            dst[c * rows + r] = src[r * cols + c];
 }

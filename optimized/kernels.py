@@ -1152,6 +1152,22 @@ def matmul_nbits_pack(codes, *, k: int, n: int, bits: int, block_size: int,
     return out
 
 
+def matmul_nbits_scales(scales) -> np.ndarray:
+    """A DequantizeLinear's float32 scales [blocks, N] as MatMulNBits's, [N, blocks]."""
+    if not isinstance(scales, np.ndarray) or scales.dtype != np.float32 or scales.ndim != 2:
+        raise TypeError("scales must be a 2-D float32 numpy array, got "
+                        f"{getattr(scales, 'dtype', type(scales))} {list(getattr(scales, 'shape', []))}")
+    scales = np.ascontiguousarray(scales)
+    blocks, n = scales.shape
+    for name, v in (("blocks", blocks), ("N", n)):
+        _c_int(name, v)
+    out = np.empty((n, blocks), np.float32)
+    if out.size:
+        lib.matmul_nbits_scales(ffi.from_buffer("float[]", scales), ffi.from_buffer("float[]", out),
+                                blocks, n)
+    return out
+
+
 # --- RMS normalization ---------------------------------------------------------------------
 
 def rms_norm(x: np.ndarray, scale: np.ndarray, *, skip: np.ndarray | None = None,

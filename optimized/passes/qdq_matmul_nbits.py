@@ -214,7 +214,7 @@ def _nbits_weights(graph, constants, match: Match, taken: set[str]):
     scale_name, zp_name = (match.quantized + [""])[1:3]
     same = blocks == -(-match.k // match.dq_block)  # the DequantizeLinear's own blocks
     per_block = _per_block(tensor_array(constants[scale_name]), match)
-    scales = np.ascontiguousarray((per_block if same else per_block[dq_of]).T, np.float32)
+    scales = _transposed_scales(per_block if same else per_block[dq_of])
     codes = kernels.matmul_nbits_pack(
         _raw_codes(constants[match.weight], match.bits), k=match.k, n=match.n, bits=match.bits,
         block_size=block, transposed=match.transposed, signed=match.signed)
@@ -226,6 +226,14 @@ def _nbits_weights(graph, constants, match: Match, taken: set[str]):
     if zero_points is not None:
         names.append(_add(graph, f"{base}_nbits_zero_points", zero_points, taken, store))
     return names, {"K": match.k, "N": match.n, "bits": match.bits, "block_size": block}
+
+
+def _transposed_scales(per_block: np.ndarray) -> np.ndarray:
+    """Scales [blocks, N] as MatMulNBits's [N, blocks]: a copy only where they are [blocks, N]
+    in memory (a transposed weight's are [N, blocks] already)."""
+    if per_block.flags.c_contiguous:
+        return kernels.matmul_nbits_scales(per_block)
+    return np.ascontiguousarray(per_block.T)
 
 
 def _nbits_zero_points(tensor, match: Match, blocks: int, dq_of) -> np.ndarray | None:

@@ -55,3 +55,21 @@ def test_pack_4bit_whole_tiles_and_edges(k, n):
     """Whole tiles only, one code row or column pair past them, and shapes with no whole tile
     along one axis (K < 32, N < 64)."""
     check_pack(k, n, 32, signed=True, seed=k * n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(blocks=st.integers(1, 40), n=st.integers(1, 300), seed=st.integers(0, 2**16))
+def test_scales_are_transposed(blocks, n, seed):
+    """kernels.matmul_nbits_scales: [blocks, N] to [N, blocks], 8 x 8 blocks in registers and
+    the edges one by one (every remainder of both sides modulo 8 is drawn)."""
+    scales = np.random.default_rng(seed).standard_normal((blocks, n), dtype=np.float32)
+    np.testing.assert_array_equal(kernels.matmul_nbits_scales(scales), scales.T)
+
+
+def test_scales_of_a_view_and_bad_scales():
+    scales = np.arange(24 * 70, dtype=np.float32).reshape(24, 70)
+    np.testing.assert_array_equal(kernels.matmul_nbits_scales(scales[::2, 3:]), scales[::2, 3:].T)
+    with pytest.raises(TypeError, match="2-D float32"):
+        kernels.matmul_nbits_scales(scales.astype(np.float16))
+    with pytest.raises(TypeError, match="2-D float32"):
+        kernels.matmul_nbits_scales(scales.reshape(-1))
