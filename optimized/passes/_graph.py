@@ -173,20 +173,20 @@ def _producers(graph) -> dict:
     return {name: node for node in graph.node for name in node.output if name}
 
 
-def _shared_view(graph, kind: str, build):
+def _shared_view(graph, kind: str, build, parts=lambda graph: list(graph.node)):
     """build(graph), shared between the passes that ask it of the working model's main graph
-    while neither the version nor the graph's node objects have changed (a pass asks before it
-    edits; an edit that changes nothing the bytes show keeps the version, so the nodes are
-    checked one by one, which costs far less than building the view)."""
+    while neither the version nor the objects `parts` lists (the graph's nodes) have changed (a
+    pass asks before it edits; an edit that changes nothing the bytes show keeps the version,
+    so the objects are checked one by one, which costs far less than building the view)."""
     working = _WORKING.get()
     if working is None or working.model.graph is not graph:
         return build(graph)
-    cached = working.views.get(kind)
+    cached, now = working.views.get(kind), parts(graph)
     if cached is not None and cached[0] == working.version and len(cached[1]) == len(
-            graph.node) and all(map(operator.is_, cached[1], graph.node)):
+            now) and all(map(operator.is_, cached[1], now)):
         return cached[2]
     view = build(graph)
-    working.views[kind] = (working.version, list(graph.node), view)
+    working.views[kind] = (working.version, now, view)
     return view
 
 
@@ -211,7 +211,19 @@ def initializer_names(graph) -> set[str]:
 
 
 def constant_tensors(graph) -> dict[str, onnx.TensorProto]:
-    """Initializers that no graph input can override, and Constant nodes holding a tensor."""
+    """Initializers that no graph input can override, and Constant nodes holding a tensor (a
+    dict of the caller's own; one build is shared, as consumers is, while the graph's nodes,
+    initializers and inputs stay the same objects: each pass asks it first, and building it
+    cost light_densenet121 1.6 ms a pass)."""
+    return dict(_shared_view(graph, "constants", _constant_tensors, _value_sources))
+
+
+def _value_sources(graph) -> list:
+    """What constant_tensors reads: the nodes, initializers and inputs (None between them)."""
+    return [*graph.node, None, *graph.initializer, None, *graph.input]
+
+
+def _constant_tensors(graph) -> dict[str, onnx.TensorProto]:
     inputs = {i.name for i in graph.input}
     found = {i.name: i for i in graph.initializer if i.name not in inputs}
     for node in graph.node:

@@ -51,3 +51,69 @@ def test_splices_place_each_replacement_where_the_last_of_its_nodes_stood():
 def test_splices_without_a_replacement_give_the_list_itself():
     nodes = _nodes(3)
     assert Splices(nodes).nodes() == nodes
+
+
+def _passes_of(monkeypatch, *functions):
+    import optimized.passes
+    from optimized.passes import Pass
+
+    monkeypatch.setattr(optimized.passes, "PASSES",
+                        [Pass(f"pass_{i}", 1, f) for i, f in enumerate(functions)])
+
+
+def _add_relu_model():
+    import numpy as np
+
+    from .helpers import make_model
+
+    nodes = [helper.make_node("Add", ["x", "w"], ["h"]),
+             helper.make_node("Constant", [], ["c"], value_float=2.0),
+             helper.make_node("Mul", ["h", "c"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    return make_model(nodes, [("x", [2, 3])], [("y", [2, 3])],
+                      {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
+
+
+def _fresh_constants(graph):
+    from optimized.passes._graph import _constant_tensors
+
+    return {name: t.SerializeToString() for name, t in _constant_tensors(graph).items()}
+
+
+def test_constant_tensors_are_a_fresh_build_after_every_kind_of_edit(monkeypatch):
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from optimized.passes import _graph, optimize
+
+    seen = []
+
+    def look(model):
+        found = _graph.constant_tensors(model.graph)
+        assert {n: t.SerializeToString() for n, t in found.items()} == _fresh_constants(
+            model.graph)
+        seen.append(sorted(found))
+        found["scribbled"] = None  # the caller's own dict: no later pass sees this
+        return model
+
+    def add_initializer(model):
+        model = _graph.copy_model(model)
+        model.graph.initializer.append(numpy_helper.from_array(np.ones(3, np.float32), "v"))
+        return model
+
+    def shadow_by_input(model):  # a graph input of w's name: w is no constant any more
+        model = look(_graph.copy_model(model))  # asked before the edit, in the same pass
+        model.graph.input.append(onnx.helper.make_tensor_value_info("w", 1, [2, 3]))
+        return look(model)  # and after it
+
+    def drop_constant_node(model):
+        model = look(_graph.copy_model(model))
+        kept = [n for n in model.graph.node if n.op_type != "Constant"]
+        _graph.set_nodes(model.graph, kept)
+        return look(model)
+
+    _passes_of(monkeypatch, look, look, add_initializer, look, shadow_by_input, look,
+               drop_constant_node, look)
+    optimize(_add_relu_model(), 1)
+    assert seen == [["c", "w"], ["c", "w"], ["c", "v", "w"], ["c", "v", "w"], ["c", "v"],
+                    ["c", "v"], ["c", "v"], ["v"], ["v"]]
