@@ -88,6 +88,7 @@ class Plan:
         self.opsets = self.evaluator.opsets
         self._runner = GraphRunner(self.evaluator, lambda result: None)
         self._attributes: dict[int, tuple] = {}  # id(node) -> (node, static_attributes)
+        self._outer: dict[int, tuple] = {}  # id(node) -> (node, _outer_slots)
         names: list[str] = []
         self.index: dict[str, int] = {}
 
@@ -201,7 +202,15 @@ class Plan:
         used = [s for s in step.inputs if s != ABSENT]
         if not step.node.attribute:  # no subgraph, so no outer names
             return used
-        return used + [self.index[n] for n in outer_names(step.node) if n in self.index]
+        return used + self._outer_slots(step.node)
+
+    def _outer_slots(self, node) -> list[int]:
+        """The slots of the names a node's subgraphs read from this graph, once per node."""
+        cached = self._outer.get(id(node))
+        if cached is None or cached[0] is not node:
+            slots = [self.index[n] for n in outer_names(node) if n in self.index]
+            cached = self._outer[id(node)] = (node, slots)
+        return cached[1]
 
     def _with_releases(self, steps: list[Step]) -> list[Step]:
         """Copies of the steps, each releasing the slots whose last use it is."""

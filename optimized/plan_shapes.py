@@ -119,8 +119,14 @@ class ShapePatterns:
         self._seen: dict[tuple, list[tuple[tuple, dict]]] = {}
         self._patterns: list[Pattern] = []
         self._lock = threading.Lock()
-        self._touches = [set(plan.reads(step)) | {s for s in step.outputs if s != ABSENT}
-                         for step in plan.steps]
+        self._touches: list[set[int]] | None = None  # per step, the slots it reads or writes
+
+    def _slots_touched(self) -> list[set[int]]:
+        """Worked out at the first sighting that needs it, not when the session is made."""
+        if self._touches is None:
+            self._touches = [set(self.plan.reads(step)) | {s for s in step.outputs if s != ABSENT}
+                             for step in self.plan.steps]
+        return self._touches
 
     def notes(self, feeds: dict) -> ShapeNotes:
         return ShapeNotes(self.plan, feeds)
@@ -150,7 +156,8 @@ class ShapePatterns:
     def seen(self, key: tuple, notes: ShapeNotes) -> None:
         """A first sighting's shapes: learns a pattern from the family's earlier sighting whose
         shapes differ in the fewest steps, where those are few enough."""
-        steps = len(self._touches)
+        touches = self._slots_touched()
+        steps = len(touches)
         if self._find(key) is not None:  # its pattern's program was busy in another thread
             return
         key = canonical(key)
@@ -161,7 +168,7 @@ class ShapePatterns:
                 if other == key:
                     continue
                 varying = differing(notes.shapes, shapes)
-                touched = sum(1 for slots in self._touches if slots & varying)
+                touched = sum(1 for slots in touches if slots & varying)
                 if best is None or touched < best[0]:
                     best = (touched, other, varying, shapes)
             siblings.append((key, notes.shapes))
