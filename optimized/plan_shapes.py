@@ -122,7 +122,8 @@ class ShapePatterns:
         self._touches: list[set[int]] | None = None  # per step, the slots it reads or writes
 
     def _slots_touched(self) -> list[set[int]]:
-        """Worked out at the first sighting that needs it, not when the session is made."""
+        """Worked out when a second signature of a family is first seen (a fixed-shape model
+        never needs it), not when the session is made."""
         if self._touches is None:
             self._touches = [set(self.plan.reads(step)) | {s for s in step.outputs if s != ABSENT}
                              for step in self.plan.steps]
@@ -156,8 +157,6 @@ class ShapePatterns:
     def seen(self, key: tuple, notes: ShapeNotes) -> None:
         """A first sighting's shapes: learns a pattern from the family's earlier sighting whose
         shapes differ in the fewest steps, where those are few enough."""
-        touches = self._slots_touched()
-        steps = len(touches)
         if self._find(key) is not None:  # its pattern's program was busy in another thread
             return
         key = canonical(key)
@@ -168,12 +167,12 @@ class ShapePatterns:
                 if other == key:
                     continue
                 varying = differing(notes.shapes, shapes)
-                touched = sum(1 for slots in touches if slots & varying)
+                touched = sum(1 for slots in self._slots_touched() if slots & varying)
                 if best is None or touched < best[0]:
                     best = (touched, other, varying, shapes)
             siblings.append((key, notes.shapes))
             del siblings[:-SIBLINGS]
-            if best is None or not best[2] or best[0] > TOUCHED_SHARE * steps:
+            if best is None or not best[2] or best[0] > TOUCHED_SHARE * len(self.plan.steps):
                 return
             _, other, varying, other_shapes = best
             self._patterns.append(Pattern(pattern_of(key, other), varying, notes.shapes,
