@@ -15,10 +15,12 @@ that pass (constant folding then makes float weights, up to its size limit, and 
 are dequantized by the reference op at every run).
 
 Each load runs in a fresh Python process of its own, which imports the runtime, creates the
-session from the model file (`load_s`), runs it once on a short prompt (`first_run_s`) and
-reports its peak resident set size (`peak_rss_MB`: VmHWM from /proc/self/status; the child's
-ru_maxrss cannot serve, as Linux carries the launching process's high-water mark into the
-exec'd child) and the peak after the imports, before the session (`import_rss_MB`). Rounds alternate the two forms
+session from the model file (`load_s`, and the CPU time of every thread of the process meanwhile,
+`load_cpu_s`: on a busy machine the wall time mostly measures the wait for a core), runs it once
+on a short prompt (`first_run_s`) and reports its peak resident set size (`peak_rss_MB`: VmHWM
+from /proc/self/status; the child's ru_maxrss cannot serve, as Linux carries the launching
+process's high-water mark into the exec'd child) and the peak after the imports, before the
+session (`import_rss_MB`). Rounds alternate the two forms
 (qdq, nbits, qdq, nbits, ...) so that a load on the shared machine that drifts hits both. A
 benchmark's pytest-benchmark time is the wall time of one round (two child processes, imports
 included); the comparison is in extra_info: per form the medians over the rounds, and
@@ -76,14 +78,15 @@ options = rt.SessionOptions()
 options.intra_op_num_threads = args["threads"]
 options.inter_op_num_threads = 1  # as every other comparison in benchmarks/ sets both runtimes
 options.execution_mode = rt.ExecutionMode.ORT_SEQUENTIAL
-start = time.perf_counter()
+start, start_cpu = time.perf_counter(), time.process_time()
 session = rt.InferenceSession(args["model"], options, providers=["CPUExecutionProvider"])
-loaded = time.perf_counter()
+loaded, loaded_cpu = time.perf_counter(), time.process_time()
 feeds = dict(np.load(args["feeds"]))
 first = session.run(None, feeds)[0]
 ran = time.perf_counter()
 np.save(args["output"], first)
-print(json.dumps({"load_s": loaded - start, "first_run_s": ran - loaded,
+print(json.dumps({"load_s": loaded - start, "load_cpu_s": loaded_cpu - start_cpu,
+                  "first_run_s": ran - loaded,
                   "peak_rss_MB": peak_rss_mb(), "import_rss_MB": import_rss}))
 """
 
@@ -209,7 +212,7 @@ def test_qdq_against_nbits_twin(benchmark, model, runtime):
         **stats,
         "per_round": results,
         "qdq_over_nbits": {key: stats["qdq"][key] / stats["nbits"][key]
-                           for key in ("peak_rss_MB", "load_s", "first_run_s")},
+                           for key in ("peak_rss_MB", "load_s", "load_cpu_s", "first_run_s")},
         "qdq_over_nbits_above_imports": (
             (stats["qdq"]["peak_rss_MB"] - stats["qdq"]["import_rss_MB"])
             / (stats["nbits"]["peak_rss_MB"] - stats["nbits"]["import_rss_MB"])),

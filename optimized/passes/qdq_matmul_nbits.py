@@ -87,8 +87,8 @@ def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
         inputs, attrs = _nbits_weights(result.graph, constants, match, taken)
         for name in match.quantized:  # repacked: only one weight is ever held twice
             pending[name] -= 1
-            if not pending[name] and name not in read and store_of(constants[name]):
-                store_of(constants[name]).release(constants[name])
+            if not pending[name] and name not in read and (store := store_of(constants[name])):
+                store.release(constants[name])
         for out in match.matmul_outputs:
             matmul = graph.node[made_by[out]]
             fused[made_by[out]] = helper.make_node(
@@ -252,8 +252,7 @@ def _nbits_zero_points(tensor, match: Match, blocks: int, dq_of) -> np.ndarray |
             _raw_codes(tensor, match.bits), k=blocks, n=match.n, bits=match.bits, block_size=16,
             transposed=match.transposed, signed=match.signed).reshape(match.n, -1)[:, :row]
         default = _packed_zero_points(np.full((1, blocks), offset), match.bits)
-        return None if np.array_equal(packed, np.broadcast_to(default, packed.shape)) else (
-            np.ascontiguousarray(packed))
+        return None if (packed == default).all() else np.ascontiguousarray(packed)
     zp = _per_block(tensor_array(tensor), match)
     zp = (zp if dq_of is None else zp[dq_of]).T.astype(np.int16) + (offset if match.signed else 0)
     return None if np.all(zp == offset) else _packed_zero_points(zp, match.bits)
