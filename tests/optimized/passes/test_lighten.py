@@ -46,3 +46,21 @@ def test_lighten_makes_weights_inputs_and_fused_nodes_stand_ins_in_order():
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {v.name: v.type for v in inferred.graph.value_info}
     assert [d.dim_value for d in types["m"].tensor_type.shape.dim] == [3, 5]
+
+
+def test_matmul_nbits_stand_in_is_what_onnx_helper_writes_for_it():
+    def constant(name, value):
+        return helper.make_node("Constant", [], [name],
+                                value=numpy_helper.from_array(np.array([value], np.int64)))
+
+    for n in (1, 5, 32000, 2**40):
+        node = helper.make_node("MatMulNBits", ["a", "q", "scales"], ["out/0"], domain=MS_DOMAIN,
+                                K=64, N=n, bits=4, block_size=32)
+        p = "out/0__shape_"
+        expected = [constant(p + "zero", 0), constant(p + "one", 1), constant(p + "last", -1),
+                    constant(p + "n", n),
+                    helper.make_node("Slice", ["a", p + "zero", p + "one", p + "last"],
+                                     [p + "column"]),
+                    helper.make_node("Expand", [p + "column", p + "n"], ["out/0"])]
+        made = shape_stand_ins(node, 21)
+        assert [m.SerializeToString() for m in made] == [e.SerializeToString() for e in expected]
