@@ -16,10 +16,17 @@ the number of node events and their mean total microseconds per run.
                                           # by op type (or op type and input shapes), top first
     python -m benchmarks.sessions MODEL THREADS --creation   # where one more session's creation
                                           # spends its CPU time (cProfile, by cumulative time)
+    python -m benchmarks.sessions MODEL THREADS [REPEATS] --phases   # median CPU of creation
+                                          # by phase and in garbage collections, no profiler
+
+cProfile's own cost falls on Python calls, so it inflates Python-heavy phases several times over
+(a plan of 100 nodes: 26 ms under it, 2 ms without); --phases times whole phases instead.
 """
 from __future__ import annotations
 
 import cProfile
+import gc
+import importlib
 import json
 import pstats
 import statistics
@@ -33,6 +40,13 @@ from benchmarks import models
 from benchmarks.isolated import Workload
 
 CREATION_REPEATS = 3
+# an optimized session's creation by phase, as (module, function, label): the session looks
+# each one up when it is called, so a wrapper put in its place times every call of it
+OPTIMIZED_PHASES = (("optimized.session", "load_for_session", "load"),
+                    ("optimized.session", "validate", "validate"),
+                    ("optimized.passes", "optimize", "passes"),
+                    ("optimized.session", "ReferenceEvaluator", "evaluator"),
+                    ("optimized.providers", "make_plan", "plan"))
 # onnxruntime writes the wait before and after a kernel as separate node events
 NOT_KERNEL_TIME = ("_fence_before", "_fence_after")
 
@@ -76,7 +90,7 @@ def profile_summary(trace_path: str, runs: int, by_shape: bool = False) -> dict[
     return dict(summary)
 
 
-def workload(name: str, create, make_profiled, version: str) -> Workload:
+def workload(name: str, create, make_profiled, version: str, phases: tuple = ()) -> Workload:
     model, feeds = models.build(name)
     data = model.SerializeToString()
     session, first, creation = timed_creations(lambda: create(data))
@@ -91,10 +105,61 @@ def workload(name: str, create, make_profiled, version: str) -> Workload:
     def creation_profile(top: int = 30) -> dict:
         return creation_summary(lambda: create(data), top)
 
+    def phase_times(repeats: int = 10) -> dict:
+        return creation_phases(lambda: create(data), repeats, phases)
+
     return Workload(step=lambda: session.run(None, feeds),
                     info={"creation_seconds": creation, "first_creation_seconds": first,
                           "version": version, "model_bytes": len(data)},
-                    commands={"profile": profile, "creation_profile": creation_profile})
+                    commands={"profile": profile, "creation_profile": creation_profile,
+                              "creation_phases": phase_times})
+
+
+def creation_phases(create, repeats: int, phases: tuple = ()) -> dict:
+    """Median CPU seconds (process time) of `repeats` calls of `create`, with no profiler: in
+    all, in each of `phases` ((module, function, label), see OPTIMIZED_PHASES) and in the
+    garbage collections that landed inside it ({label: seconds}, "all" first)."""
+    spent: dict[str, float] = defaultdict(float)
+    started: list[float] = []
+
+    def timed(function, label):
+        def call(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[label] += time.process_time() - start
+        return call
+
+    def collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.process_time())
+        elif started:
+            spent["garbage collection"] += time.process_time() - started.pop()
+
+    originals = [(importlib.import_module(module), name) for module, name, _ in phases]
+    originals = [(module, name, getattr(module, name)) for module, name in originals]
+    samples: dict[str, list[float]] = defaultdict(list)
+    gc.callbacks.append(collection)
+    try:
+        for (module, name, function), (_, _, label) in zip(originals, phases):
+            setattr(module, name, timed(function, label))
+        for _ in range(repeats):
+            spent.clear()
+            start = time.process_time()
+            create()
+            samples["all"].append(time.process_time() - start)
+            for label in [p[2] for p in phases] + ["garbage collection"]:
+                samples[label].append(spent.get(label, 0.0))
+    finally:
+        gc.callbacks.remove(collection)
+        for module, name, function in originals:
+            setattr(module, name, function)
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
+def format_phases(phases: dict) -> str:
+    return "\n".join(f"  {label:<20} {seconds * 1e3:8.2f} ms" for label, seconds in phases.items())
 
 
 def creation_summary(create, top: int) -> dict:
@@ -125,14 +190,15 @@ def format_creation(summary: dict) -> str:
 def optimized(name: str, threads: int, level: int = 99) -> Workload:
     import optimized as ort
 
-    return _workload_of(ort, name, graph_optimization_level=ort.GraphOptimizationLevel(level),
+    return _workload_of(ort, name, OPTIMIZED_PHASES,
+                        graph_optimization_level=ort.GraphOptimizationLevel(level),
                         intra_op_num_threads=threads)
 
 
 def onnxruntime(name: str, threads: int) -> Workload:
     import onnxruntime as ort
 
-    return _workload_of(ort, name,
+    return _workload_of(ort, name, (),
                         graph_optimization_level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
                         execution_mode=ort.ExecutionMode.ORT_SEQUENTIAL,
                         intra_op_num_threads=threads, inter_op_num_threads=1,
@@ -140,9 +206,9 @@ def onnxruntime(name: str, threads: int) -> Workload:
                         log_severity_level=3)
 
 
-def _workload_of(ort, name: str, **settings) -> Workload:
+def _workload_of(ort, name: str, phases: tuple, **settings) -> Workload:
     """The workload of `name` on a runtime with onnxruntime's API (optimized or onnxruntime
-    itself), its SessionOptions set as given."""
+    itself), its SessionOptions set as given; `phases` are its creation's (creation_phases)."""
     def create(data, prefix=None):
         options = ort.SessionOptions()
         for key, value in settings.items():
@@ -152,7 +218,7 @@ def _workload_of(ort, name: str, **settings) -> Workload:
             options.profile_file_prefix = prefix
         return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 
-    return workload(name, create, create, ort.__version__)
+    return workload(name, create, create, ort.__version__, phases)
 
 
 def format_profile(summary: dict[str, dict], top: int = 12) -> str:
@@ -170,17 +236,22 @@ def format_profile(summary: dict[str, dict], top: int = 12) -> str:
 def main(argv: list[str]) -> int:
     from benchmarks.isolated import IsolatedPair, WorkerSpec
 
-    by_shape, creation = "--shapes" in argv, "--creation" in argv
-    argv = [a for a in argv if a not in ("--shapes", "--creation")]
+    by_shape, creation, phases = "--shapes" in argv, "--creation" in argv, "--phases" in argv
+    argv = [a for a in argv if a not in ("--shapes", "--creation", "--phases")]
     if len(argv) not in (2, 3):
         print("usage: python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes] "
-              "[--creation]", file=sys.stderr)
+              "[--creation | --phases]", file=sys.stderr)
         return 2
     name, threads, runs = argv[0], int(argv[1]), int(argv[2]) if len(argv) == 3 else 10
     specs = [WorkerSpec("optimized", "benchmarks.sessions:optimized", (name, threads)),
              WorkerSpec("onnxruntime", "benchmarks.sessions:onnxruntime", (name, threads))]
     with IsolatedPair(specs) as pair:
         for runtime in pair.names:
+            if phases:
+                print(f"{runtime}, {name}, {threads} thread(s), median CPU of {runs} more "
+                      f"sessions' creation:")
+                print(format_phases(pair.command(runtime, "creation_phases", runs)))
+                continue
             if creation:
                 print(f"{runtime}, {name}, {threads} thread(s), one more session's creation:")
                 print(format_creation(pair.command(runtime, "creation_profile")))
