@@ -255,6 +255,7 @@ def test_max_pool_propagates_nan_in_every_lane(column, strides):
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
 def test_same_result_at_one_and_two_threads(op_type):
     x = np.random.default_rng(3).standard_normal((2, 48, 29, 31)).astype(np.float32)
+    wide = np.random.default_rng(5).standard_normal((2, 40, 23, 55)).astype(np.float32)
     fn = kernels.max_pool2d if op_type == "MaxPool" else kernels.average_pool2d
     before = kernels.get_num_threads()
     try:
@@ -265,9 +266,10 @@ def test_same_result_at_one_and_two_threads(op_type):
             results.append(fn(x[:, :, :14, :13], [3, 3], pads=[1, 1, 1, 1]))  # the flat path
             results.append(fn(x[:, :, :7, :7], [3, 3], pads=[1, 1, 1, 1]))  # rows under 8
             results.append(fn(x[:, :, :, :28], [2, 2], strides=[2, 2]))  # the narrow path
+            results.append(fn(wide, [3, 3], strides=[2, 2]))  # narrow in 8 vectors
     finally:
         kernels.set_num_threads(before)
-    for one, two in zip(results[:4], results[4:]):
+    for one, two in zip(results[:5], results[5:]):
         assert one.tobytes() == two.tobytes()
 
 
