@@ -47,6 +47,8 @@ OPTIMIZED_PHASES = (("optimized.session", "load_for_session", "load"),
                     ("optimized.passes", "optimize", "passes"),
                     ("optimized.session", "ReferenceEvaluator", "evaluator"),
                     ("optimized.providers", "make_plan", "plan"))
+# its list of passes, each timed too ("pass NAME"; "passes: between" is the rest of "passes")
+OPTIMIZED_PASSES = ("optimized.passes", "PASSES")
 # onnxruntime writes the wait before and after a kernel as separate node events
 NOT_KERNEL_TIME = ("_fence_before", "_fence_after")
 
@@ -90,7 +92,8 @@ def profile_summary(trace_path: str, runs: int, by_shape: bool = False) -> dict[
     return dict(summary)
 
 
-def workload(name: str, create, make_profiled, version: str, phases: tuple = ()) -> Workload:
+def workload(name: str, create, make_profiled, version: str, phases: tuple = (),
+             passes: tuple | None = None) -> Workload:
     model, feeds = models.build(name)
     data = model.SerializeToString()
     session, first, creation = timed_creations(lambda: create(data))
@@ -106,7 +109,7 @@ def workload(name: str, create, make_profiled, version: str, phases: tuple = ())
         return creation_summary(lambda: create(data), top)
 
     def phase_times(repeats: int = 10) -> dict:
-        return creation_phases(lambda: create(data), repeats, phases)
+        return creation_phases(lambda: create(data), repeats, phases, passes)
 
     return Workload(step=lambda: session.run(None, feeds),
                     info={"creation_seconds": creation, "first_creation_seconds": first,
@@ -115,10 +118,13 @@ def workload(name: str, create, make_profiled, version: str, phases: tuple = ())
                               "creation_phases": phase_times})
 
 
-def creation_phases(create, repeats: int, phases: tuple = ()) -> dict:
+def creation_phases(create, repeats: int, phases: tuple = (),
+                    passes: tuple | None = None) -> dict:
     """Median CPU seconds (process time) of `repeats` calls of `create`, with no profiler: in
-    all, in each of `phases` ((module, function, label), see OPTIMIZED_PHASES) and in the
-    garbage collections that landed inside it ({label: seconds}, "all" first)."""
+    all, in each of `phases` ((module, function, label), see OPTIMIZED_PHASES), in the
+    garbage collections that landed inside it and, with `passes` ((module, list attribute):
+    entries with .name and .function, see OPTIMIZED_PASSES), in each pass that ran, slowest
+    first, and in "passes: between" them ({label: seconds}, "all" first)."""
     spent: dict[str, float] = defaultdict(float)
     started: list[float] = []
 
@@ -139,11 +145,14 @@ def creation_phases(create, repeats: int, phases: tuple = ()) -> dict:
 
     originals = [(importlib.import_module(module), name) for module, name, _ in phases]
     originals = [(module, name, getattr(module, name)) for module, name in originals]
+    listed = getattr(importlib.import_module(passes[0]), passes[1]) if passes else []
+    kept = list(listed)
     samples: dict[str, list[float]] = defaultdict(list)
     gc.callbacks.append(collection)
     try:
         for (module, name, function), (_, _, label) in zip(originals, phases):
             setattr(module, name, timed(function, label))
+        listed[:] = [p._replace(function=timed(p.function, f"pass {p.name}")) for p in kept]
         for _ in range(repeats):
             spent.clear()
             start = time.process_time()
@@ -151,15 +160,26 @@ def creation_phases(create, repeats: int, phases: tuple = ()) -> dict:
             samples["all"].append(time.process_time() - start)
             for label in [p[2] for p in phases] + ["garbage collection"]:
                 samples[label].append(spent.get(label, 0.0))
+            if passes:
+                each = {f"pass {p.name}": spent.get(f"pass {p.name}", 0.0) for p in kept}
+                samples["passes: between"].append(spent.get("passes", 0.0) - sum(each.values()))
+                for label, seconds in each.items():
+                    samples[label].append(seconds)
     finally:
         gc.callbacks.remove(collection)
         for module, name, function in originals:
             setattr(module, name, function)
-    return {label: statistics.median(values) for label, values in samples.items()}
+        listed[:] = kept
+    medians = {label: statistics.median(values) for label, values in samples.items()}
+    ran = sorted((label for label in medians if label.startswith("pass ") and medians[label]),
+                 key=lambda label: -medians[label])
+    return {label: seconds for label, seconds in medians.items()
+            if not label.startswith("pass ")} | {label: medians[label] for label in ran}
 
 
 def format_phases(phases: dict) -> str:
-    return "\n".join(f"  {label:<20} {seconds * 1e3:8.2f} ms" for label, seconds in phases.items())
+    width = max(map(len, phases), default=0)
+    return "\n".join(f"  {label:<{width}} {seconds * 1e3:8.2f} ms" for label, seconds in phases.items())
 
 
 def creation_summary(create, top: int) -> dict:
@@ -190,7 +210,7 @@ def format_creation(summary: dict) -> str:
 def optimized(name: str, threads: int, level: int = 99) -> Workload:
     import optimized as ort
 
-    return _workload_of(ort, name, OPTIMIZED_PHASES,
+    return _workload_of(ort, name, OPTIMIZED_PHASES, OPTIMIZED_PASSES,
                         graph_optimization_level=ort.GraphOptimizationLevel(level),
                         intra_op_num_threads=threads)
 
@@ -198,7 +218,7 @@ def optimized(name: str, threads: int, level: int = 99) -> Workload:
 def onnxruntime(name: str, threads: int) -> Workload:
     import onnxruntime as ort
 
-    return _workload_of(ort, name, (),
+    return _workload_of(ort, name, (), None,
                         graph_optimization_level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
                         execution_mode=ort.ExecutionMode.ORT_SEQUENTIAL,
                         intra_op_num_threads=threads, inter_op_num_threads=1,
@@ -206,9 +226,10 @@ def onnxruntime(name: str, threads: int) -> Workload:
                         log_severity_level=3)
 
 
-def _workload_of(ort, name: str, phases: tuple, **settings) -> Workload:
+def _workload_of(ort, name: str, phases: tuple, passes: tuple | None, **settings) -> Workload:
     """The workload of `name` on a runtime with onnxruntime's API (optimized or onnxruntime
-    itself), its SessionOptions set as given; `phases` are its creation's (creation_phases)."""
+    itself), its SessionOptions set as given; `phases` and `passes` are its creation's
+    (creation_phases)."""
     def create(data, prefix=None):
         options = ort.SessionOptions()
         for key, value in settings.items():
@@ -218,7 +239,7 @@ def _workload_of(ort, name: str, phases: tuple, **settings) -> Workload:
             options.profile_file_prefix = prefix
         return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 
-    return workload(name, create, create, ort.__version__, phases)
+    return workload(name, create, create, ort.__version__, phases, passes)
 
 
 def format_profile(summary: dict[str, dict], top: int = 12) -> str:
