@@ -1,7 +1,9 @@
 """DequantizeLinear(constant 4- or 8-bit weight) -> MatMul becomes com.microsoft MatMulNBits,
-with the weight's codes repacked straight from the initializer's bytes, so its float copy never
-exists. It runs before constant folding, which would otherwise evaluate the DequantizeLinear
-into exactly that copy (onnxruntime's DQ -> MatMulNBits fusion exists for the same reason).
+with the weight's codes (and blockwise zero points) repacked straight from the initializer's
+bytes by kernels.matmul_nbits_pack and the scales transposed by kernels.matmul_nbits_scales, so
+the float copy never exists. It runs before constant folding, which would otherwise evaluate
+the DequantizeLinear into exactly that copy (onnxruntime's DQ -> MatMulNBits fusion exists for
+the same reason).
 
 The forms matched are those onnxruntime's quantizers write:
 - MatMul4BitsQuantizer/MatMulNBitsQuantizer in QDQ format: DequantizeLinear of an int4 (symmetric,
