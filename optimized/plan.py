@@ -111,15 +111,21 @@ class Plan:
         self.template = [None] * len(names)
         for name, value in self.evaluator.initial_values().items():
             self.template[self.index[name]] = value
-        # node by node, for check mode and iter_results, which need every intermediate value
-        self.unfused_steps = self._with_releases(steps)
-        self.steps = self.unfused_steps
+        self._bound = steps
         if fuse_chains:
             grouped = onednn_region.group_steps(self, steps) if c_steps is not None else steps
             self.steps = self._with_releases(self._fuse_chains(grouped))
+        else:
+            self.steps = self.unfused_steps
         if c_steps is not None:  # programs shared by signatures differing in a cache's length
             from .plan_shapes import ShapePatterns
             self.shapes = ShapePatterns(self)
+
+    @functools.cached_property
+    def unfused_steps(self) -> list[Step]:
+        """Node by node, for check mode and iter_results, which need every intermediate value
+        (a plan that fuses makes them at the first such run, not at creation)."""
+        return self._with_releases(self._bound)
 
     def close(self) -> None:
         """Forget the compiled runs and shape patterns, which refer back to the plan, so that a
