@@ -3,8 +3,9 @@ second is dropped and its readers read the first one's outputs."""
 from __future__ import annotations
 
 import onnx
+from onnx import AttributeProto
 
-from ._graph import copy_model, graph_output_names, rename_uses, set_nodes, subgraphs
+from ._graph import copy_model, graph_output_names, rename_uses, set_nodes
 from .constant_folding import RANDOM_OPS
 
 
@@ -32,11 +33,18 @@ def eliminate_common_subexpressions(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _key(node):
     """What makes two nodes compute the same values; None for nodes that must stay apart."""
-    if node.op_type in RANDOM_OPS or any(True for _ in subgraphs(node)):
+    if node.op_type in RANDOM_OPS:
         return None
-    if len([o for o in node.output]) == 0:
+    outputs = node.output
+    if not outputs:
         return None
-    attrs = tuple(sorted((a.name, a.SerializeToString(deterministic=True))
-                         for a in node.attribute))
+    attributes = node.attribute
+    attrs = ()
+    if attributes:  # most nodes have none: no generator, sort or serialization for them
+        if any(a.type == AttributeProto.GRAPH or (a.type == AttributeProto.GRAPHS and a.graphs)
+               for a in attributes):
+            return None  # a node holding a subgraph
+        attrs = tuple(sorted((a.name, a.SerializeToString(deterministic=True))
+                             for a in attributes))
     return (node.domain or "", node.op_type, tuple(node.input), attrs,
-            tuple(bool(o) for o in node.output))
+            tuple(map(bool, outputs)))

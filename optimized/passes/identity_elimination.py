@@ -43,8 +43,11 @@ def eliminate_identities(model: onnx.ModelProto) -> onnx.ModelProto:
 def _unname_unread_dropout_masks(nodes, outputs) -> None:
     """A Dropout's mask output that no node reads and the graph does not return loses its name
     (the light models name it and never read it), so an inference Dropout can go."""
+    masks = [node for node in nodes if node.op_type == "Dropout" and len(node.output) > 1]
+    if not masks:  # no read names to gather (a walk over every node's inputs)
+        return
     read = {name for node in nodes for name in node_inputs(node)} | set(outputs)
-    for node in nodes:
+    for node in masks:
         if (node.op_type == "Dropout" and node.domain in ("", "ai.onnx")
                 and len(node.output) > 1 and node.output[1] and node.output[1] not in read):
             node.output[1] = ""

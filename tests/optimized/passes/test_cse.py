@@ -36,3 +36,27 @@ def test_keeps_a_duplicate_that_is_a_graph_output():
     merged = eliminate_common_subexpressions(model)
     assert op_types(merged) == {"Relu": 2}
     assert_same_outputs(model, merged, feeds={"x": np.arange(-2, 2, dtype=np.float32)})
+
+
+def _branch(name):
+    return helper.make_graph([helper.make_node("Relu", ["x"], [name])], name, [],
+                             [helper.make_tensor_value_info(name, 1, [4])])
+
+
+def test_keeps_nodes_holding_a_subgraph_and_merges_those_with_attributes_in_another_order():
+    nodes = [helper.make_node("If", ["c"], ["i1"], then_branch=_branch("t1"),
+                              else_branch=_branch("e1")),
+             helper.make_node("If", ["c"], ["i2"], then_branch=_branch("t1"),
+                              else_branch=_branch("e1")),
+             helper.make_node("Transpose", ["x"], ["p1"], perm=[0]),
+             helper.make_node("Transpose", ["x"], ["p2"], perm=[0]),
+             helper.make_node("Sum", ["i1", "i2", "p1", "p2"], ["y"])]
+    swapped = helper.make_node("Gemm", ["m", "m"], ["g2"], transB=1, alpha=2.0)
+    nodes += [helper.make_node("Gemm", ["m", "m"], ["g1"], alpha=2.0, transB=1), swapped,
+              helper.make_node("Add", ["g1", "g2"], ["z"])]
+    swapped.attribute.sort(key=lambda a: a.name, reverse=True)  # transB before alpha
+    model = make_model(nodes, [("x", [4]), ("m", [2, 2])], [("y", [4]), ("z", [2, 2])])
+    model.graph.input.append(helper.make_tensor_value_info("c", 9, []))
+    merged = eliminate_common_subexpressions(model)
+    assert op_types(merged) == {"If": 2, "Transpose": 1, "Sum": 1, "Gemm": 1, "Add": 1}
+    assert list(merged.graph.node[-1].input) == ["g1", "g1"]
