@@ -120,6 +120,15 @@ def subgraphs(node):
             yield from a.graphs
 
 
+def holds_subgraph(node) -> bool:
+    """Whether subgraphs(node) yields any (asked of every node by cse and constant folding:
+    most nodes have no attribute to look at)."""
+    attributes = node.attribute
+    return bool(attributes) and any(
+        a.type == AttributeProto.GRAPH or (a.type == AttributeProto.GRAPHS and a.graphs)
+        for a in attributes)
+
+
 def outer_names(graph) -> set[str]:
     """Names a subgraph reads from the scopes around it."""
     defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}

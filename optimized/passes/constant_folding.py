@@ -12,7 +12,14 @@ from onnx import helper, numpy_helper
 from reference import ReferenceEvaluator
 from reference.errors import ReferenceError_
 
-from ._graph import Constants, copy_model, graph_output_names, initializer, set_nodes, subgraphs
+from ._graph import (
+    Constants,
+    copy_model,
+    graph_output_names,
+    holds_subgraph,
+    initializer,
+    set_nodes,
+)
 from .large_fill_folding import constant_fill
 
 # a different value on every run, so never a constant
@@ -76,9 +83,10 @@ def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMEN
 def _may_fold(node, outputs) -> bool:
     """What a node's inputs do not decide: it is no random op, holds no subgraph, makes no
     graph output and names each output."""
-    if node.op_type in RANDOM_OPS or any(True for _ in subgraphs(node)):
+    if node.op_type in RANDOM_OPS or holds_subgraph(node):
         return False
-    if any(o in outputs for o in node.output) or not all(node.output):
+    made = node.output
+    if not outputs.isdisjoint(made) or not all(made):
         return False
     return bool(node.input) or node.op_type == "Constant"
 

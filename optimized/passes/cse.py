@@ -3,9 +3,8 @@ second is dropped and its readers read the first one's outputs."""
 from __future__ import annotations
 
 import onnx
-from onnx import AttributeProto
 
-from ._graph import copy_model, graph_output_names, rename_uses, set_nodes
+from ._graph import copy_model, graph_output_names, holds_subgraph, rename_uses, set_nodes
 from .constant_folding import RANDOM_OPS
 
 
@@ -40,10 +39,9 @@ def _key(node):
         return None
     attributes = node.attribute
     attrs = ()
-    if attributes:  # most nodes have none: no generator, sort or serialization for them
-        if any(a.type == AttributeProto.GRAPH or (a.type == AttributeProto.GRAPHS and a.graphs)
-               for a in attributes):
-            return None  # a node holding a subgraph
+    if attributes:  # most nodes have none: no sort or serialization for them
+        if holds_subgraph(node):
+            return None
         attrs = tuple(sorted((a.name, a.SerializeToString(deterministic=True))
                              for a in attributes))
     return (node.domain or "", node.op_type, tuple(node.input), attrs,

@@ -117,3 +117,22 @@ def test_constant_tensors_are_a_fresh_build_after_every_kind_of_edit(monkeypatch
     optimize(_add_relu_model(), 1)
     assert seen == [["c", "w"], ["c", "w"], ["c", "v", "w"], ["c", "v", "w"], ["c", "v"],
                     ["c", "v"], ["c", "v"], ["v"], ["v"]]
+
+
+def test_holds_subgraph_is_whether_subgraphs_yields_any():
+    from onnx import AttributeProto
+
+    from optimized.passes._graph import holds_subgraph, subgraphs
+
+    body = helper.make_graph([], "body", [], [])
+    branchy = helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body)
+    listed = helper.make_node("Custom", ["x"], ["y"], domain="example")
+    listed.attribute.add(name="bodies", type=AttributeProto.GRAPHS).graphs.append(body)
+    empty_list = helper.make_node("Custom", ["x"], ["y"], domain="example")
+    empty_list.attribute.add(name="bodies", type=AttributeProto.GRAPHS)
+    plain = helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])
+    bare = helper.make_node("Relu", ["x"], ["y"])
+    for node, holds in ((branchy, True), (listed, True), (empty_list, False), (plain, False),
+                        (bare, False)):
+        assert holds_subgraph(node) is holds
+        assert any(True for _ in subgraphs(node)) is holds
