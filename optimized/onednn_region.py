@@ -25,7 +25,10 @@ each Concat part straight into its channel slice (a strided destination descript
 oneDNN 2023.2 fall back to ref:any (squeezenet 700 ms a run), so Concat copies.  What the
 regions still pay over per-node runs: the activation as a separate pass after each
 convolution (oneDNN's eltwise post-op turns NaN into 0 where ONNX keeps it) and the Concat
-copy (per node, Concat is in place).
+copy (per node, Concat is in place).  Tried and dropped (s24): Relu as oneDNN's ELU post-op with
+alpha 0 (x > 0 ? x : 0 * (exp(x) - 1) keeps NaN, where its relu, clip and clip_v2 post-ops give
+0), in place of the pass: light_squeezenet with regions, CPU ms, 11.51 and 11.60 against 11.49
+and 11.72 without it; light_inception_v2 63.6 and 64.6 against 53.1 and 57.7 (load 5-7).
 The earlier nChw8c variant (jit:avx2 / jit_1x1:avx2, not brgconv) measured on a quiet
 machine, with regions / without, ms: 1 thread: resnet50 103.4 / 102.8, densenet121 92.7 / 85.1,
 inception_v2 53.8 / 52.3, squeezenet 11.5 / 12.9, vgg19 514.9 / 510.5; 2 threads: resnet50
