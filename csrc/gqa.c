@@ -3,7 +3,9 @@
  * K and V are read in place, never repeated.  Per unit of work, two GEMMs (scores = Q K^T,
  * output = P V) with the mask, visible-key window and softmax applied to the score rows in
  * between.  A decode step (one query row) takes every head of a run that shares a KV head in
- * one GEMM, so each K and V row is read once per KV head. */
+ * one GEMM, so each K and V row is read once per KV head.  Under an additive causal or padding
+ * mask (-inf or finfo.min), a prefill block scores no key its mask drops at the end of every
+ * row, and each row's softmax stops at its last kept key, where that is exact. */
 #include <math.h>
 #include <stdlib.h>
 #include <omp.h>
@@ -67,7 +69,9 @@ static void visible_keys(int64_t b, int64_t i, int64_t kv_len, const int64_t *kv
     *hi = end;
 }
 
-/* What every unit of gqa_f32's work reads. */
+/* What every unit of gqa_f32's work reads.  key_bound is a bound on |scale * q_d * k|, for
+ * the largest |q_d|, over every key (infinite where K or V holds a value not finite, or where
+ * no unit may drop masked keys). */
 typedef struct {
     const float *q, *k, *v, *mask;
     float *y;
@@ -77,7 +81,71 @@ typedef struct {
     int64_t qb_stride, qh_stride, qs_stride, blocks_per_run, block_rows, window;
     int heads, kv_heads, q_len, kv_len, head_size, v_head_size, runs, causal, empty_nan;
     float scale;
+    double key_bound;
 } gqa_work;
+
+/* A mask value at or below MASK_DROPS drops its key (-inf, or torch's finfo.min); a row whose
+ * visible keys include one above MASK_KEEPS has a finite softmax maximum there, far above
+ * any dropped key's masked score while every |score| < SCORE_BOUND, so exp gives a dropped
+ * key exactly 0 and leaving it out changes no sum. */
+#define MASK_DROPS (-1e30)
+#define MASK_KEEPS (-1e29)
+#define SCORE_BOUND 1e22
+
+/* max |x| over n values, or INFINITY where one is not finite. */
+static double max_abs(const float *x, size_t n)
+{
+    float m = 0.0f;
+    int bad = 0;
+    #pragma omp simd reduction(max : m) reduction(| : bad)
+    for (size_t i = 0; i < n; ++i) {
+        float a = fabsf(x[i]);
+        m = a > m ? a : m;
+        bad |= !(a <= 3.0e38f);
+    }
+    return bad ? INFINITY : (double)m;
+}
+
+/* One past the last key in [lo, hi) that mask_row does not drop (lo where it drops all). */
+static int64_t kept_keys_end(const float *mask_row, int64_t col_stride, int64_t lo, int64_t hi)
+{
+    while (hi > lo && mask_row[(hi - 1) * col_stride] <= MASK_DROPS) --hi;
+    return hi;
+}
+
+/* The keys a unit of `rows` query rows must score under an additive mask: one past the last
+ * key some row keeps, the trailing keys every row's mask drops left out, and *drops set (each
+ * row's softmax may leave out its own trailing dropped keys too).  `used` (the bound from
+ * kv_valid and causal) and *drops 0 where a row keeps no key, or where scores may be too
+ * large for the drop to be exact. */
+static int64_t keys_under_mask(const gqa_work *w, int64_t b, int h0, int64_t first, int rows,
+                               const float *qa, int lda, int64_t used, int *drops)
+{
+    *drops = 0;
+    if (!(w->key_bound < INFINITY) || w->q_len == 1)
+        return used;
+    const int64_t *ms = w->mask_strides;
+    int64_t kept_end = 0;
+    for (int row = 0; row < rows; ++row) {
+        int64_t lo, hi, i = first + row, j;
+        visible_keys(b, i, w->kv_len, w->kv_valid, w->q_pos, w->causal, w->window, &lo, &hi);
+        const float *mask_row = w->mask + b * ms[0] + h0 * ms[1] + i * ms[2];
+        for (j = lo; j < hi && !(mask_row[j * ms[3]] > MASK_KEEPS); ++j) {}
+        if (j == hi) /* no key to anchor the row's maximum */
+            return used;
+        int64_t end = kept_keys_end(mask_row, ms[3], lo, hi);
+        if (end > kept_end) kept_end = end;
+    }
+    double q_max = 0.0;
+    for (int row = 0; row < rows; ++row) {
+        double m = max_abs(qa + (size_t)row * lda, (size_t)w->head_size);
+        q_max = m > q_max ? m : q_max;
+    }
+    if (!(q_max * w->key_bound < SCORE_BOUND))
+        return used;
+    *drops = 1;
+    return kept_end < used ? kept_end : used;
+}
 
 /* Unit u: one batch's run of heads (decode) or one block of a head's query rows (prefill),
  * its scores in `scores`. */
@@ -114,6 +182,9 @@ static void attend_unit(const gqa_work *w, int64_t u, float *scores)
         visible_keys(b, i, w->kv_len, w->kv_valid, w->q_pos, w->causal, w->window, &lo, &hi);
         if (hi > used) used = hi;
     }
+    int drops = 0;
+    if (w->mask != NULL)
+        used = keys_under_mask(w, b, h0, first, rows, qa, lda, used, &drops);
     if (used > 0 && head_size > 0)
         gemm_block(0, 1, rows, (int)used, head_size, w->scale, qa, lda > 0 ? lda : 1, kb,
                    head_size, 0.0f, scores, (int)used);
@@ -126,6 +197,8 @@ static void attend_unit(const gqa_work *w, int64_t u, float *scores)
         const int64_t *ms = w->mask_strides;
         if (w->mask != NULL)
             mask_row = w->mask + b * ms[0] + h * ms[1] + i * ms[2];
+        if (drops) /* the keys the mask drops at the row's end give exactly 0 */
+            hi = kept_keys_end(mask_row, ms[3], lo, hi < used ? hi : used);
         softmax_window(scores + (size_t)row * used, lo, hi, used, mask_row,
                        w->mask != NULL ? ms[3] : 0, w->empty_nan);
     }
@@ -193,7 +266,13 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
                   run_count, q_strides[0], q_strides[1], q_strides[2], blocks_per_run,
                   block_rows, window,
                   heads, kv_heads, q_len, kv_len, head_size, v_head_size, runs, causal,
-                  empty_nan, scale};
+                  empty_nan, scale, INFINITY};
+    if (mask != NULL && q_len > 1 && kv_len > 0) {
+        size_t kn = (size_t)batch * kv_heads * kv_len;
+        double k_max = max_abs(k, kn * head_size), v_max = max_abs(v, kn * v_head_size);
+        if (k_max < INFINITY && v_max < INFINITY)
+            w.key_bound = fabs((double)scale) * head_size * k_max;
+    }
     PARALLEL_FOR(threads, for (int64_t u = 0; u < units; ++u)
         attend_unit(&w, u, scratch + per_thread * omp_get_thread_num()););
     free(scratch);

@@ -325,3 +325,68 @@ def test_grouped_attention_kernel_equals_its_function_body(batch, kv, group, hea
     got = fast(*inputs, scale=scale)
     assert got.shape == expected.shape and got.dtype == expected.dtype
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+# --- keys an additive mask drops: left out where that is exact (csrc/gqa.c keys_under_mask) ---
+@st.composite
+def dropping_masks(draw):
+    """A causal and padding mask as exporters write it (0 kept, fill dropped) over past + seq
+    keys, padded left, right or with holes; sometimes a NaN or infinity in a dropped key's K or
+    V, or a query so large that scores pass the bound where dropping is exact."""
+    batch, kv, group = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    head, seq, past = draw(st.integers(1, 8)), draw(st.integers(1, 40)), draw(st.integers(0, 5))
+    total = past + seq
+    fill = draw(st.sampled_from([-np.inf, float(np.finfo(np.float32).min), -1e30]))
+    keep = np.ones((batch, total), bool)
+    for b in range(batch):
+        left, right = draw(st.integers(0, total)), draw(st.integers(0, total))
+        keep[b, :left] = False
+        keep[b, total - right:] = False
+        for hole in draw(st.lists(st.integers(0, total - 1), max_size=3)):
+            keep[b, hole] = False
+    causal = np.arange(total)[None, :] <= past + np.arange(seq)[:, None]
+    mask = np.where(causal[None, None] & keep[:, None, None, :], 0.0, fill).astype(np.float32)
+    poison = draw(st.sampled_from(["none", "none", "nan_k", "inf_v", "huge_q"]))
+    return batch, kv, group, head, seq, total, mask, poison, draw(st.integers(0, 2**16))
+
+
+@SETTINGS
+@given(dropping_masks(), st.sampled_from([1, 2]))
+def test_keys_a_mask_drops_leave_the_result_as_the_body_gives_it(case, threads):
+    batch, kv, group, head, seq, total, mask, poison, seed = case
+    rng = np.random.default_rng(seed)
+    heads = kv * group
+    q = rng.standard_normal((batch, heads, seq, head)).astype(np.float32)
+    k = rng.standard_normal((batch, kv, total, head)).astype(np.float32)
+    v = rng.standard_normal((batch, kv, total, head + 1)).astype(np.float32)
+    if poison == "nan_k":  # the last key: dropped for every row but the last ones
+        k[0, 0, -1, 0] = np.nan
+    elif poison == "inf_v":
+        v[-1, -1, -1, -1] = np.inf
+    elif poison == "huge_q":
+        q[0, 0] = 4e30  # masked scores of -1e30 fill may now be the largest
+    table = (np.arange(heads) // group).astype(np.int64)
+    scale = 1.0 / np.sqrt(head)
+    inputs = [q, k, v, table, mask]
+    model = function_model(True, scale, [list(a.shape) for a in inputs])
+    with np.errstate(all="ignore"):
+        expected = ReferenceEvaluator(model).run(
+            None, dict(zip(["q", "k", "v", "kv_heads", "mask"], inputs)))[0]
+    before = kernels.get_num_threads()
+    kernels.set_num_threads(threads)
+    try:
+        got = decoder_ops.grouped_attention_masked(*inputs, scale=scale)
+    finally:
+        kernels.set_num_threads(before)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_masked_score_above_every_kept_one_still_wins():
+    # scale 1, head 1: scores q*k; key 1's score 3e30 under a fill of -1e30 is 2e30, above key
+    # 0's 0, so softmax puts all weight on key 1 (as the body does): it is not left out
+    q = np.full((1, 1, 2, 1), 1e16, np.float32)
+    k = np.array([0.0, 3e14], np.float32).reshape(1, 1, 2, 1)
+    v = np.array([5.0, 7.0], np.float32).reshape(1, 1, 2, 1)
+    mask = np.array([[0.0, -1e30], [0.0, 0.0]], np.float32).reshape(1, 1, 2, 2)
+    got = decoder_ops.grouped_attention_masked(q, k, v, np.zeros(1, np.int64), mask, scale=1.0)
+    np.testing.assert_array_equal(got.reshape(-1), [7.0, 7.0])
