@@ -1129,11 +1129,13 @@ def _uint8(name: str, a, size: int) -> np.ndarray:
 
 
 def matmul_nbits_pack(codes, *, k: int, n: int, bits: int, block_size: int,
-                      transposed: bool = False, signed: bool = False) -> np.ndarray:
+                      transposed: bool = False, signed: bool = False, out=None) -> np.ndarray:
     """A DequantizeLinear weight's codes as MatMulNBits's B, (n, blocks, block_size * bits / 8)
     uint8, without any wider copy: `codes` (bytes or uint8) holds k x n codes (n x k when
     transposed) as a 4- or 8-bit tensor's raw data stores them (4-bit two a byte, the first in
-    the low nibble).  signed: the codes are int4/int8, stored as c + 2^(bits-1)."""
+    the low nibble).  signed: the codes are int4/int8, stored as c + 2^(bits-1).  out: a
+    writable C-contiguous uint8 array of exactly B's size to write B into (memory already
+    touched, where a fresh array's pages fault in one by one); it must not overlap codes."""
     if bits not in (4, 8):
         raise ValueError(f"matmul_nbits_pack: bits must be 4 or 8, got {bits}")
     if block_size < 16 or block_size & (block_size - 1):
@@ -1144,7 +1146,17 @@ def matmul_nbits_pack(codes, *, k: int, n: int, bits: int, block_size: int,
     blocks = (k + block_size - 1) // block_size
     for name, v in (("K", k), ("N", n), ("K in whole blocks", blocks * block_size)):
         _c_int(name, v)
-    out = np.empty((n, blocks, block_size * bits // 8), np.uint8)
+    shape = (n, blocks, block_size * bits // 8)
+    if out is None:
+        out = np.empty(shape, np.uint8)
+    else:
+        if (not isinstance(out, np.ndarray) or out.dtype != np.uint8 or not out.flags.c_contiguous
+                or not out.flags.writeable or out.size != math.prod(shape)):
+            raise ValueError(f"out must be a writable C-contiguous uint8 array of {math.prod(shape)} "
+                             f"bytes, got {getattr(out, 'dtype', type(out))} {list(getattr(out, 'shape', []))}")
+        if np.may_share_memory(out, codes):
+            raise ValueError("out must not overlap codes")
+        out = out.reshape(shape)
     if out.size:
         lib.matmul_nbits_pack(ffi.from_buffer("uint8_t[]", codes),
                               ffi.from_buffer("uint8_t[]", out), k, n, bits, block_size,
@@ -1152,8 +1164,9 @@ def matmul_nbits_pack(codes, *, k: int, n: int, bits: int, block_size: int,
     return out
 
 
-def matmul_nbits_scales(scales) -> np.ndarray:
-    """A DequantizeLinear's float32 scales [blocks, N] as MatMulNBits's, [N, blocks]."""
+def matmul_nbits_scales(scales, out=None) -> np.ndarray:
+    """A DequantizeLinear's float32 scales [blocks, N] as MatMulNBits's, [N, blocks] (into `out`,
+    a writable C-contiguous float32 array of that shape not overlapping scales, if given)."""
     if not isinstance(scales, np.ndarray) or scales.dtype != np.float32 or scales.ndim != 2:
         raise TypeError("scales must be a 2-D float32 numpy array, got "
                         f"{getattr(scales, 'dtype', type(scales))} {list(getattr(scales, 'shape', []))}")
@@ -1161,7 +1174,14 @@ def matmul_nbits_scales(scales) -> np.ndarray:
     blocks, n = scales.shape
     for name, v in (("blocks", blocks), ("N", n)):
         _c_int(name, v)
-    out = np.empty((n, blocks), np.float32)
+    if out is None:
+        out = np.empty((n, blocks), np.float32)
+    elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (n, blocks)
+          or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ValueError(f"out must be a writable C-contiguous float32 array of shape {[n, blocks]}, "
+                         f"got {getattr(out, 'dtype', type(out))} {list(getattr(out, 'shape', []))}")
+    elif np.may_share_memory(out, scales):
+        raise ValueError("out must not overlap scales")
     if out.size:
         lib.matmul_nbits_scales(ffi.from_buffer("float[]", scales), ffi.from_buffer("float[]", out),
                                 blocks, n)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -85,12 +86,16 @@ def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
              | set(made_by))
     fused = {}
     pending = collections.Counter(name for m in matches for name in m.quantized)
+    spare: dict[int, np.ndarray] = {}  # by size: codes released, for a later weight's repacking
     for match in matches:
-        inputs, attrs = _nbits_weights(result.graph, constants, match, taken)
+        inputs, attrs = _nbits_weights(result.graph, constants, match, taken, spare)
         for name in match.quantized:  # repacked: only one weight is ever held twice
             pending[name] -= 1
             if not pending[name] and name not in read and (store := store_of(constants[name])):
+                stored = stored_array(constants[name])
                 store.release(constants[name])
+                if (memory := _reusable_memory(stored)) is not None:
+                    spare[memory.nbytes] = memory
         for out in match.matmul_outputs:
             matmul = graph.node[made_by[out]]
             fused[made_by[out]] = helper.make_node(
@@ -208,18 +213,39 @@ def _nbits_block(dq_block: int, k: int) -> int | None:
     return size if size >= 16 else None
 
 
-def _nbits_weights(graph, constants, match: Match, taken: set[str]):
-    """MatMulNBits's weight inputs (new initializers) and attributes for a match."""
+def _reusable_memory(array: np.ndarray) -> np.ndarray | None:
+    """The memory under a released weight, as writable bytes, when nothing but the caller's one
+    name refers to the array or to its memory (no other view, no other holder), else None.
+    sys.getrefcount counts, beside any other holder, the caller's name, this function's own
+    names and its argument."""
+    root = array.base if array.base is not None else array
+    if not isinstance(root, np.ndarray) or root.base is not None or not root.flags.owndata:
+        return None
+    if root is array:
+        if sys.getrefcount(array) > 4:  # the caller's name, array, root, the argument
+            return None
+    elif sys.getrefcount(array) > 3 or sys.getrefcount(root) > 3:  # root: array.base, root, argument
+        return None
+    root.setflags(write=True)
+    return root.reshape(-1).view(np.uint8)
+
+
+def _nbits_weights(graph, constants, match: Match, taken: set[str],
+                   spare: dict[int, np.ndarray]):
+    """MatMulNBits's weight inputs (new initializers) and attributes for a match; the codes are
+    repacked into a spare array of their size, if any (its pages are touched already: fresh
+    ones fault in one by one, which cost as much as the repacking itself)."""
     block = _nbits_block(match.dq_block, match.k)
     blocks = -(-match.k // block)
     dq_of = np.arange(blocks) * block // match.dq_block  # the DequantizeLinear block of each
     scale_name, zp_name = (match.quantized + [""])[1:3]
     same = blocks == -(-match.k // match.dq_block)  # the DequantizeLinear's own blocks
     per_block = _per_block(tensor_array(constants[scale_name]), match)
-    scales = _transposed_scales(per_block if same else per_block[dq_of])
+    scales = _transposed_scales(per_block if same else per_block[dq_of], spare)
     codes = kernels.matmul_nbits_pack(
         _raw_codes(constants[match.weight], match.bits), k=match.k, n=match.n, bits=match.bits,
-        block_size=block, transposed=match.transposed, signed=match.signed)
+        block_size=block, transposed=match.transposed, signed=match.signed,
+        out=spare.pop(match.n * blocks * block * match.bits // 8, None))
     zero_points = _nbits_zero_points(constants[zp_name] if zp_name else None, match, blocks,
                                      None if same else dq_of)
     base, store = match.weight, store_of(constants[match.weight])
@@ -230,11 +256,14 @@ def _nbits_weights(graph, constants, match: Match, taken: set[str]):
     return names, {"K": match.k, "N": match.n, "bits": match.bits, "block_size": block}
 
 
-def _transposed_scales(per_block: np.ndarray) -> np.ndarray:
-    """Scales [blocks, N] as MatMulNBits's [N, blocks]: a copy only where they are [blocks, N]
-    in memory (a transposed weight's are [N, blocks] already)."""
+def _transposed_scales(per_block: np.ndarray, spare: dict[int, np.ndarray]) -> np.ndarray:
+    """Scales [blocks, N] as MatMulNBits's [N, blocks] (in a spare array of their size, if any):
+    a copy only where they are [blocks, N] in memory (a transposed weight's are [N, blocks]
+    already)."""
     if per_block.flags.c_contiguous:
-        return kernels.matmul_nbits_scales(per_block)
+        out = spare.pop(per_block.nbytes, None)
+        return kernels.matmul_nbits_scales(per_block, out=None if out is None else out.view(
+            np.float32).reshape(per_block.shape[::-1]))
     return np.ascontiguousarray(per_block.T)
 
 

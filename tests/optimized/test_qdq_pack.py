@@ -73,3 +73,39 @@ def test_scales_of_a_view_and_bad_scales():
         kernels.matmul_nbits_scales(scales.astype(np.float16))
     with pytest.raises(TypeError, match="2-D float32"):
         kernels.matmul_nbits_scales(scales.reshape(-1))
+
+
+def test_pack_and_scales_into_given_arrays():
+    """out= writes B (or the scales) into the given array, as a fresh one would hold them; an
+    array of another size or type, read-only, or overlapping the input is refused by name."""
+    rng = np.random.default_rng(3)
+    codes = packed_4bit(rng.integers(0, 16, (64, 128)))
+    expected = kernels.matmul_nbits_pack(codes, k=64, n=128, bits=4, block_size=32)
+    out = np.full(expected.size, 0xAB, np.uint8)
+    got = kernels.matmul_nbits_pack(codes, k=64, n=128, bits=4, block_size=32, out=out)
+    assert np.shares_memory(got, out)
+    np.testing.assert_array_equal(got, expected)
+    for bad, error in [(np.empty(expected.size + 1, np.uint8), "writable C-contiguous uint8"),
+                       (np.empty(expected.size // 4, np.float32), "writable C-contiguous uint8"),
+                       (np.empty(expected.size, np.uint8)[::-1], "writable C-contiguous uint8"),
+                       (codes, "overlap")]:
+        with pytest.raises(ValueError, match=error):
+            kernels.matmul_nbits_pack(codes, k=64, n=128, bits=4, block_size=32, out=bad)
+    frozen = np.empty(expected.size, np.uint8)
+    frozen.setflags(write=False)
+    with pytest.raises(ValueError, match="writable"):
+        kernels.matmul_nbits_pack(codes, k=64, n=128, bits=4, block_size=32, out=frozen)
+    both = np.zeros(2 * codes.size, np.uint8)
+    both[:codes.size] = codes
+    with pytest.raises(ValueError, match="overlap"):  # half of out is codes' second half
+        kernels.matmul_nbits_pack(both[:codes.size], k=64, n=128, bits=4, block_size=32,
+                                  out=both[codes.size // 2:][:expected.size])
+    scales = rng.standard_normal((9, 20), dtype=np.float32)
+    out = np.empty((20, 9), np.float32)
+    assert kernels.matmul_nbits_scales(scales, out=out) is out
+    np.testing.assert_array_equal(out, scales.T)
+    with pytest.raises(ValueError, match="shape"):
+        kernels.matmul_nbits_scales(scales, out=np.empty((9, 20), np.float32))
+    square = rng.standard_normal((8, 8), dtype=np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        kernels.matmul_nbits_scales(square, out=square)

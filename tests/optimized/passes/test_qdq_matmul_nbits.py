@@ -6,6 +6,7 @@ policy of reference/agreement.py."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -371,3 +372,37 @@ def test_wide_weights_with_zero_points(k, n, block, bits, signed, transposed):
     session, got = run_session(model, a)
     assert_fused(session.optimized_model, k, n)
     assert_agrees_with_qdq_graph(model, session.optimized_model, a, got)
+
+
+def test_model_file_with_weights_of_one_size(tmp_path):
+    """Loaded from a file, each weight's codes are read into arrays of their own, and the pass
+    repacks a later weight's codes and scales into the memory of those it has released (codes,
+    scales and zero points of one size in three layers: each array is reused or freed, never
+    shared). The result is the bytes-loaded session's, bit for bit, and the reference's on
+    the QDQ graph within MatMulNBits's rounding."""
+    rng = np.random.default_rng(5)
+    k = n = 256
+    nodes, inits, x = [], [], "a"
+    for i in range(3):
+        codes = rng.integers(0, 16, (k, n))
+        scales = ((rng.random((k // 32, n)) + 0.05) / 64).astype(np.float32)
+        zp = rng.integers(0, 16, (k // 32, n))
+        inits += [code_tensor(f"w{i}_q", codes, TensorProto.UINT4),
+                  numpy_helper.from_array(scales, f"w{i}_scale"),
+                  code_tensor(f"w{i}_zp", zp, TensorProto.UINT4)]
+        nodes += [helper.make_node("DequantizeLinear", [f"w{i}_q", f"w{i}_scale", f"w{i}_zp"],
+                                   [f"w{i}"], axis=0, block_size=32),
+                  helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"])]
+        x = f"y{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["M", n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, path)
+    a = rng.standard_normal((3, k), dtype=np.float32)
+    from_file = optimized.InferenceSession(str(path))
+    assert op_types(from_file.optimized_model) == {"com.microsoft::MatMulNBits": 3}
+    got = from_file.run(None, {"a": a})[0]
+    np.testing.assert_array_equal(got, run_session(model, a)[1])
+    reference = ReferenceEvaluator(model).run(None, {"a": a})[0]
+    np.testing.assert_allclose(got, reference, rtol=0, atol=1e-4 * np.abs(reference).max())
