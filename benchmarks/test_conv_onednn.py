@@ -53,6 +53,25 @@ SHAPES = {
     "3x3_64-96_28": (64, 96, 28, 3, 1, 1),
     "3x3_128-128_14": (128, 128, 14, 3, 1, 1),
 }
+# 1x1 convolutions of squeezenet, inception_v2 and resnet50 (csrc/conv_pointwise.c against
+# onnxruntime only, test_pointwise): small planes, few input or few output channels.  The
+# onnxruntime figure includes its NCHWc reorders of the input and output, which a model run
+# pays only at the ends of a chain of convolutions; its profiler's Conv node time is the
+# kernel alone.
+POINTWISE_SHAPES = {
+    "1x1_128-16_55": (128, 16, 55, 1, 1, 1),
+    "1x1_64-16_55": (64, 16, 55, 1, 1, 1),
+    "1x1_128-32_27": (128, 32, 27, 1, 1, 1),
+    "1x1_32-128_27": (32, 128, 27, 1, 1, 1),
+    "1x1_256-32_27": (256, 32, 27, 1, 1, 1),
+    "1x1_64-256_13": (64, 256, 13, 1, 1, 1),
+    "1x1_576-128_14": (576, 128, 14, 1, 1, 1),
+    "1x1_576-96_14": (576, 96, 14, 1, 1, 1),
+    "1x1_256-64_28": (256, 64, 28, 1, 1, 1),
+    "1x1_1024-256_14": (1024, 256, 14, 1, 1, 1),
+    "1x1_2048-512_7": (2048, 512, 7, 1, 1, 1),
+}
+POINTWISE_WORKERS = ["ours", "onnxruntime"]
 WORKERS = ["onednn-blocked", "onednn-native", "onednn-plain", "ours", "onnxruntime"]
 THREADS = [1, 2]
 ROUNDS = 11
@@ -60,7 +79,7 @@ ROUND_SECONDS = 0.03  # each round repeats the call about this long (at a guesse
 
 
 def geometry(shape: str):
-    in_c, out_c, size, kernel, stride, group = SHAPES[shape]
+    in_c, out_c, size, kernel, stride, group = {**SHAPES, **POINTWISE_SHAPES}[shape]
     pad = kernel // 2
     out = (size + 2 * pad - kernel) // stride + 1
     flops = 2 * out_c * out * out * (in_c // group) * kernel * kernel
@@ -159,6 +178,28 @@ def test_conv(benchmark, shape, threads):
             # the fastest round: on a machine shared with other work, closer to what the code
             # can do than the median, which the other work's load drags down
             "best_gflops": {n: flops / min(t) / 1e9 for n, t in times.items()},
+        })
+
+
+@pytest.mark.parametrize("threads", THREADS, ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("shape", list(POINTWISE_SHAPES))
+def test_pointwise(benchmark, shape, threads):
+    pytest.importorskip("onnxruntime", reason="the comparison needs onnxruntime (extra bench)")
+    specs = [WorkerSpec(name, "benchmarks.test_conv_onednn:conv_workload",
+                        (shape, name, threads)) for name in POINTWISE_WORKERS]
+    count = iterations(shape)
+    with IsolatedPair(specs) as pair:
+        np.testing.assert_allclose(pair.outputs("onnxruntime"), pair.outputs("ours"), rtol=1e-3,
+                                   atol=1e-3)
+        times: dict[str, list[float]] = {}
+        pair.alternation_step(count)  # warm-up
+        benchmark.pedantic(pair.alternation_step, args=(count, times), rounds=ROUNDS,
+                           iterations=1)
+        flops = geometry(shape)[-1]
+        benchmark.extra_info.update({
+            "flops": flops, "threads": threads,
+            "median_s": {n: statistics.median(t) for n, t in times.items()},
+            "ratio": statistics.median(times["ours"]) / statistics.median(times["onnxruntime"]),
         })
 
 

@@ -144,6 +144,10 @@ def test_stem_matches_reference(case):
     (37, 9, (3, 6)),      # 18 with a depth of 4 vectors and 5 more
     (576, 144, (1, 1)),   # a squeeze-excitation 1x1 on a 1x1 plane
     (1030, 20, (7, 7)),   # deep on a 7x7 plane (was OpenBLAS's): five slices, the last of 6
+    # panels packed by rows from a depth of 96 (ROW_ORDER_DEPTH), by panels below it
+    (95, 21, (9, 11)),    # 99 = 6 x 16 + 3: by panels, the last tile masked
+    (96, 21, (9, 11)),    # the same by rows
+    (128, 16, (55, 53)),  # by rows over twelve column blocks, the last of 99 columns
 ])
 def test_pointwise_tile_and_slice_edges(cin, cout, hw):
     x = arrays(1, 2, cin, *hw)
