@@ -374,6 +374,27 @@ def test_wide_weights_with_zero_points(k, n, block, bits, signed, transposed):
     assert_agrees_with_qdq_graph(model, session.optimized_model, a, got)
 
 
+def same_size_chain(rng, elem=TensorProto.UINT4, k=256, n=256):
+    """Three layers of QDQ weights [K, N], each with blockwise scales and zero points of one
+    size, so that the pass can reuse each released array's memory for the next layer."""
+    low, high = CODE_RANGE[elem]
+    nodes, inits, x = [], [], "a"
+    for i in range(3):
+        codes = rng.integers(low, high + 1, (k, n))
+        scales = ((rng.random((k // 32, n)) + 0.05) / 64).astype(np.float32)
+        zp = rng.integers(low, high + 1, (k // 32, n))
+        inits += [code_tensor(f"w{i}_q", codes, elem),
+                  numpy_helper.from_array(scales, f"w{i}_scale"),
+                  code_tensor(f"w{i}_zp", zp, elem)]
+        nodes += [helper.make_node("DequantizeLinear", [f"w{i}_q", f"w{i}_scale", f"w{i}_zp"],
+                                   [f"w{i}"], axis=0, block_size=32),
+                  helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"])]
+        x = f"y{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["M", n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
 def test_model_file_with_weights_of_one_size(tmp_path):
     """Loaded from a file, each weight's codes are read into arrays of their own, and the pass
     repacks a later weight's codes and scales into the memory of those it has released (codes,
@@ -382,21 +403,7 @@ def test_model_file_with_weights_of_one_size(tmp_path):
     the QDQ graph within MatMulNBits's rounding."""
     rng = np.random.default_rng(5)
     k = n = 256
-    nodes, inits, x = [], [], "a"
-    for i in range(3):
-        codes = rng.integers(0, 16, (k, n))
-        scales = ((rng.random((k // 32, n)) + 0.05) / 64).astype(np.float32)
-        zp = rng.integers(0, 16, (k // 32, n))
-        inits += [code_tensor(f"w{i}_q", codes, TensorProto.UINT4),
-                  numpy_helper.from_array(scales, f"w{i}_scale"),
-                  code_tensor(f"w{i}_zp", zp, TensorProto.UINT4)]
-        nodes += [helper.make_node("DequantizeLinear", [f"w{i}_q", f"w{i}_scale", f"w{i}_zp"],
-                                   [f"w{i}"], axis=0, block_size=32),
-                  helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"])]
-        x = f"y{i}"
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["M", k])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["M", n])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model = same_size_chain(rng)
     path = tmp_path / "chain.onnx"
     onnx.save(model, path)
     a = rng.standard_normal((3, k), dtype=np.float32)
@@ -405,4 +412,71 @@ def test_model_file_with_weights_of_one_size(tmp_path):
     got = from_file.run(None, {"a": a})[0]
     np.testing.assert_array_equal(got, run_session(model, a)[1])
     reference = ReferenceEvaluator(model).run(None, {"a": a})[0]
+    np.testing.assert_allclose(got, reference, rtol=0, atol=1e-4 * np.abs(reference).max())
+
+
+def test_reusable_memory_only_where_nothing_else_sees_it():
+    """The pass writes a later weight's codes into a released array's memory only when its one
+    name (as the pass holds it) is all that refers to the array or its memory."""
+    from optimized.passes.qdq_matmul_nbits import _reusable_memory
+
+    array = np.arange(4096, dtype=np.float32)
+    array.setflags(write=False)  # as the weight store holds it
+    memory = _reusable_memory(array)
+    assert memory is not None and memory.flags.writeable and memory.nbytes == array.nbytes
+    assert np.shares_memory(memory, array)
+
+    for keep in (lambda array: array,  # another name
+                 lambda array: array[1:],  # a view of it
+                 memoryview):  # a buffer over it
+        array = np.arange(4096, dtype=np.float32)
+        kept = keep(array)
+        assert _reusable_memory(array) is None
+        del kept
+        assert _reusable_memory(array) is not None  # once it is gone
+    owner = np.arange(4096, dtype=np.float32)
+    array, sibling = owner[:2048], owner[2048:]
+    del owner
+    assert _reusable_memory(array) is None  # another view of the memory under it
+    del sibling
+    assert _reusable_memory(array) is not None
+    data = bytearray(16384)
+    assert _reusable_memory(np.frombuffer(data, np.float32)) is None  # a user's buffer
+    assert _reusable_memory(np.frombuffer(bytes(16384), np.float32)) is None  # model bytes
+
+
+@pytest.mark.parametrize("given", ["file", "bytes", "walked bytes", "ModelProto", "add_initializer"])
+def test_what_the_user_holds_is_never_written(given, monkeypatch, tmp_path):
+    """Whatever the user keeps of the model (its bytes and a NumPy view of them, the ModelProto,
+    an array given by add_initializer) is the same after the session is made and run, while
+    the pass reuses the memory of the weights it releases; the outputs stay the reference's."""
+    elem = TensorProto.UINT8 if given == "add_initializer" else TensorProto.UINT4
+    rng = np.random.default_rng(6)
+    model = same_size_chain(rng, elem)
+    a = rng.standard_normal((3, 256), dtype=np.float32)
+    reference = ReferenceEvaluator(model).run(None, {"a": a})[0]
+    data = bytearray(model.SerializeToString())
+    view = np.frombuffer(data, np.uint8)
+    before = bytes(data)
+    options = optimized.SessionOptions()
+    codes = numpy_helper.to_array(model.graph.initializer[0]).copy()
+    if given == "add_initializer":
+        options.add_initializer("w0_q", optimized.OrtValue.ortvalue_from_numpy(codes))
+    held = codes.copy()
+    if given == "walked bytes":
+        monkeypatch.setattr(optimized.loading, "WALK_BYTES", 0)
+    if given == "file":
+        path = tmp_path / "chain.onnx"
+        path.write_bytes(data)
+        source = str(path)
+    else:
+        source = model if given == "ModelProto" else data
+    session = optimized.InferenceSession(source, options)
+    assert op_types(session.optimized_model) == {"com.microsoft::MatMulNBits": 3}
+    got = session.run(None, {"a": a})[0]
+    assert bytes(data) == before and view.tobytes() == before
+    assert model.SerializeToString() == before
+    np.testing.assert_array_equal(codes, held)
+    if given == "file":
+        assert path.read_bytes() == before
     np.testing.assert_allclose(got, reference, rtol=0, atol=1e-4 * np.abs(reference).max())
