@@ -43,3 +43,27 @@ def test_keeps_graph_inputs_even_when_unused():
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
     model = make_model(nodes, [("x", [3]), ("spare", [2])], [("y", [3])])
     assert [i.name for i in eliminate_dead_code(model).graph.input] == ["x", "spare"]
+
+
+def test_a_model_with_nothing_dead_comes_back_byte_for_byte():
+    nodes = [helper.make_node("Clip", ["x", "", "hi"], ["c"]),  # an omitted optional input
+             helper.make_node("Mul", ["c", "w"], ["y"])]
+    model = make_model(nodes, [("x", [3])], [("y", [3])],
+                       {"w": np.full(3, 2.0, np.float32), "hi": np.array(1.5, np.float32)})
+    model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [3]))
+    before = model.SerializeToString()
+    assert eliminate_dead_code(model).SerializeToString() == before
+
+
+def test_the_initializers_and_value_info_kept_stay_in_their_order():
+    nodes = [helper.make_node("Add", ["x", "a"], ["s"]),
+             helper.make_node("Mul", ["x", "dead_w"], ["unused"]),
+             helper.make_node("Mul", ["s", "b"], ["y"])]
+    weights = {name: np.full(3, k + 1.0, np.float32) for k, name in enumerate(["b", "dead_w", "a"])}
+    model = make_model(nodes, [("x", [3])], [("y", [3])], weights)
+    for name in ("unused", "s"):
+        model.graph.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [3]))
+    cleaned = eliminate_dead_code(model)
+    assert [i.name for i in cleaned.graph.initializer] == ["b", "a"]
+    assert [v.name for v in cleaned.graph.value_info] == ["s"]
+    assert_same_outputs(model, cleaned)
