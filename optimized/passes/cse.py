@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import onnx
 
-from ._graph import copy_model, graph_output_names, holds_subgraph, rename_uses, set_nodes
+from ._graph import copy_model, graph_output_names, holds_subgraph, rename_uses
 from .constant_folding import RANDOM_OPS
+from .dead_code import keep_only
 
 
 def eliminate_common_subexpressions(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -15,7 +16,10 @@ def eliminate_common_subexpressions(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes = list(graph.node)
     seen: dict[tuple, object] = {}
     kept = []
-    for i, node in enumerate(nodes):
+    renamed: dict[str, str] = {}  # a dropped node's output -> the first one's
+    for node in nodes:
+        if renamed:  # the readers after a dropped node read the first one's outputs
+            _read_renamed(node, renamed)
         key = _key(node)
         first = seen.get(key) if key is not None else None
         if first is None or any(o in outputs for o in node.output):
@@ -23,11 +27,21 @@ def eliminate_common_subexpressions(model: onnx.ModelProto) -> onnx.ModelProto:
                 seen.setdefault(key, node)
             kept.append(node)
             continue
-        for old, new in zip(node.output, first.output):
-            if old:
-                rename_uses(nodes[i + 1:], old, new)
-    set_nodes(graph, kept)
+        renamed.update((old, new) for old, new in zip(node.output, first.output) if old)
+    keep_only(graph.node, kept)
     return model
+
+
+def _read_renamed(node, renamed: dict[str, str]) -> None:
+    """What rename_uses(node, old, new) does for each pair (one pass over the node's inputs;
+    the pairs chain nowhere: a new name is a kept node's output, never an old one)."""
+    inputs = node.input
+    for i, name in enumerate(inputs):
+        if name in renamed:
+            inputs[i] = renamed[name]
+    if holds_subgraph(node):
+        for old, new in renamed.items():
+            rename_uses([node], old, new)
 
 
 def _key(node):

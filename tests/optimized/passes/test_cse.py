@@ -60,3 +60,22 @@ def test_keeps_nodes_holding_a_subgraph_and_merges_those_with_attributes_in_anot
     merged = eliminate_common_subexpressions(model)
     assert op_types(merged) == {"If": 2, "Transpose": 1, "Sum": 1, "Gemm": 1, "Add": 1}
     assert list(merged.graph.node[-1].input) == ["g1", "g1"]
+
+
+def test_a_subgraph_reading_a_dropped_duplicate_reads_the_first_one():
+    def branch(op, name):
+        return helper.make_graph([helper.make_node(op, ["b"], [name])], name, [],
+                                 [helper.make_tensor_value_info(name, 1, [4])])
+    nodes = [helper.make_node("Neg", ["x"], ["a"]),
+             helper.make_node("Neg", ["x"], ["b"]),  # a duplicate of a: dropped
+             helper.make_node("If", ["c"], ["y"], then_branch=branch("Relu", "t"),
+                              else_branch=branch("Abs", "e"))]
+    model = make_model(nodes, [("x", [4])], [("y", [4])])
+    model.graph.input.append(helper.make_tensor_value_info("c", 9, []))
+    merged = eliminate_common_subexpressions(model)
+    assert op_types(merged) == {"Neg": 1, "If": 1}
+    branches = [a.g for a in merged.graph.node[-1].attribute]
+    assert [list(g.node[0].input) for g in branches] == [["a"], ["a"]]
+    for flag in (True, False):
+        feeds = {"x": np.array([-1.5, 0.0, 2.0, -3.0], np.float32), "c": np.array(flag)}
+        assert_same_outputs(model, merged, feeds=feeds)

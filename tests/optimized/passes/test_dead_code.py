@@ -3,7 +3,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from optimized.passes.dead_code import eliminate_dead_code
+from optimized.passes.dead_code import eliminate_dead_code, keep_only
 
 from .helpers import assert_same_outputs, make_model, op_types
 
@@ -67,3 +67,15 @@ def test_the_initializers_and_value_info_kept_stay_in_their_order():
     assert [i.name for i in cleaned.graph.initializer] == ["b", "a"]
     assert [v.name for v in cleaned.graph.value_info] == ["s"]
     assert_same_outputs(model, cleaned)
+
+
+def test_keep_only_deletes_in_place_or_rebuilds_from_what_is_not_its_own():
+    graph = helper.make_graph([helper.make_node("Relu", [f"v{k}"], [f"v{k + 1}"])
+                               for k in range(5)], "g", [], [])
+    nodes = list(graph.node)
+    keep_only(graph.node, [nodes[1], nodes[3], nodes[4]])
+    assert [n.output[0] for n in graph.node] == ["v2", "v4", "v5"]
+    assert all(a is b for a, b in zip(graph.node, [nodes[1], nodes[3], nodes[4]]))
+    stranger = helper.make_node("Abs", ["v5"], ["w"])  # not one of its entries: a rebuild
+    keep_only(graph.node, [nodes[4], stranger])
+    assert [n.output[0] for n in graph.node] == ["v5", "w"]
