@@ -52,7 +52,6 @@ from ._graph import (
     consumers,
     ensure_opset,
     graph_output_names,
-    node_inputs,
     opset_version,
     set_nodes,
 )
@@ -76,23 +75,23 @@ def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     if not matches:
         return model
     made_by = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
-    removed = {made_by[name] for m in matches for name in m.removed}
-    read = {o.name for o in graph.output} | {i.name for i in graph.input}
-    read.update(name for i, n in enumerate(graph.node) if i not in removed
-                for name in node_inputs(n))
+    removed_outputs = {name for m in matches for name in m.removed}
+    removed = {made_by[name] for name in removed_outputs}
     weights = {name for i in removed for name in graph.node[i].input if name}
+    read = _read_elsewhere(graph, weights, uses, removed_outputs)
     result = copy_without_initializers(model, weights - read)
     taken = ({t.name for t in result.graph.initializer} | {i.name for i in graph.input}
              | set(made_by))
     fused = {}
     pending = collections.Counter(name for m in matches for name in m.quantized)
+    held = _held_in_stores(constants, pending)
     spare: dict[int, np.ndarray] = {}  # by size: codes released, for a later weight's repacking
     for match in matches:
-        inputs, attrs = _nbits_weights(result.graph, constants, match, taken, spare)
+        inputs, attrs = _nbits_weights(result.graph, constants, held, match, taken, spare)
         for name in match.quantized:  # repacked: only one weight is ever held twice
             pending[name] -= 1
-            if not pending[name] and name not in read and (store := store_of(constants[name])):
-                stored = stored_array(constants[name])
+            if not pending[name] and name not in read and name in held:
+                store, stored = held.pop(name)
                 store.release(constants[name])
                 if (memory := _reusable_memory(stored)) is not None:
                     spare[memory.nbytes] = memory
@@ -105,6 +104,24 @@ def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     set_nodes(result.graph, nodes)
     ensure_opset(result, MS_DOMAIN, 1)
     return result
+
+
+def _read_elsewhere(graph, weights: set[str], uses, removed_outputs: set[str]) -> set[str]:
+    """The weights that a graph input or output names, or that a node the pass keeps reads."""
+    io = {o.name for o in graph.output} | {i.name for i in graph.input}
+    return {name for name in weights
+            if name in io or any(not node.output or node.output[0] not in removed_outputs
+                                 for node in uses.get(name, ()))}
+
+
+def _held_in_stores(constants, names) -> dict[str, tuple]:
+    """name -> (its weight store, the array the store holds) for each of `names` that is a
+    stub: looked up once (each lookup parses the stub's entries)."""
+    held = {}
+    for name in names:
+        if (store := store_of(constants[name])) is not None:
+            held[name] = store, stored_array(constants[name])
+    return held
 
 
 class Match(NamedTuple):
@@ -230,7 +247,7 @@ def _reusable_memory(array: np.ndarray) -> np.ndarray | None:
     return root.reshape(-1).view(np.uint8)
 
 
-def _nbits_weights(graph, constants, match: Match, taken: set[str],
+def _nbits_weights(graph, constants, held: dict[str, tuple], match: Match, taken: set[str],
                    spare: dict[int, np.ndarray]):
     """MatMulNBits's weight inputs (new initializers) and attributes for a match; the codes are
     repacked into a spare array of their size, if any (its pages are touched already: fresh
@@ -240,15 +257,17 @@ def _nbits_weights(graph, constants, match: Match, taken: set[str],
     dq_of = np.arange(blocks) * block // match.dq_block  # the DequantizeLinear block of each
     scale_name, zp_name = (match.quantized + [""])[1:3]
     same = blocks == -(-match.k // match.dq_block)  # the DequantizeLinear's own blocks
-    per_block = _per_block(tensor_array(constants[scale_name]), match)
+    per_block = _per_block(held[scale_name][1] if scale_name in held
+                           else tensor_array(constants[scale_name]), match)
     scales = _transposed_scales(per_block if same else per_block[dq_of], spare)
+    weight = held.get(match.weight)
     codes = kernels.matmul_nbits_pack(
-        _raw_codes(constants[match.weight], match.bits), k=match.k, n=match.n, bits=match.bits,
-        block_size=block, transposed=match.transposed, signed=match.signed,
+        _raw_codes(constants[match.weight], match.bits, weight), k=match.k, n=match.n,
+        bits=match.bits, block_size=block, transposed=match.transposed, signed=match.signed,
         out=spare.pop(match.n * blocks * block * match.bits // 8, None))
-    zero_points = _nbits_zero_points(constants[zp_name] if zp_name else None, match, blocks,
-                                     None if same else dq_of)
-    base, store = match.weight, store_of(constants[match.weight])
+    zero_points = _nbits_zero_points(constants[zp_name] if zp_name else None, held.get(zp_name),
+                                     match, blocks, None if same else dq_of)
+    base, store = match.weight, None if weight is None else weight[0]
     names = [_add(graph, f"{base}_nbits", codes, taken, store),
              _add(graph, f"{base}_nbits_scales", scales, taken, store)]
     if zero_points is not None:
@@ -267,12 +286,14 @@ def _transposed_scales(per_block: np.ndarray, spare: dict[int, np.ndarray]) -> n
     return np.ascontiguousarray(per_block.T)
 
 
-def _nbits_zero_points(tensor, match: Match, blocks: int, dq_of) -> np.ndarray | None:
+def _nbits_zero_points(tensor, held: tuple | None, match: Match, blocks: int,
+                       dq_of) -> np.ndarray | None:
     """MatMulNBits's packed zero points [N, blocks] for the DequantizeLinear's (moved by
     2^(bits - 1) when signed), or None where each is MatMulNBits's default 2^(bits - 1).
     Blockwise ones in the DequantizeLinear's own blocks are repacked from their raw bytes as
     the codes are (the same layout: [blocks, N] to rows of N, first block in the low nibble);
-    dq_of: the DequantizeLinear block of each MatMulNBits block, when they differ."""
+    dq_of: the DequantizeLinear block of each MatMulNBits block, when they differ; held:
+    (weight store, array) for a stub."""
     offset = 1 << (match.bits - 1)
     if tensor is None:  # DequantizeLinear's default zero point, 0
         return None if match.signed else _packed_zero_points(
@@ -280,8 +301,9 @@ def _nbits_zero_points(tensor, match: Match, blocks: int, dq_of) -> np.ndarray |
     if match.layout == "blocks" and dq_of is None:
         row = (blocks * match.bits + 7) // 8
         packed = kernels.matmul_nbits_pack(
-            _raw_codes(tensor, match.bits), k=blocks, n=match.n, bits=match.bits, block_size=16,
-            transposed=match.transposed, signed=match.signed).reshape(match.n, -1)[:, :row]
+            _raw_codes(tensor, match.bits, held), k=blocks, n=match.n, bits=match.bits,
+            block_size=16, transposed=match.transposed, signed=match.signed,
+        ).reshape(match.n, -1)[:, :row]
         default = _packed_zero_points(np.full((1, blocks), offset), match.bits)
         return None if (packed == default).all() else np.ascontiguousarray(packed)
     zp = _per_block(tensor_array(tensor), match)
@@ -289,10 +311,11 @@ def _nbits_zero_points(tensor, match: Match, blocks: int, dq_of) -> np.ndarray |
     return None if np.all(zp == offset) else _packed_zero_points(zp, match.bits)
 
 
-def _raw_codes(tensor, bits):
-    """The tensor's codes as its raw data holds them (4-bit: two a byte, low nibble first)."""
-    if is_stub(tensor):  # held by a session's weight store: its bytes, without a copy
-        return np.ascontiguousarray(stored_array(tensor)).reshape(-1).view(np.uint8)
+def _raw_codes(tensor, bits, held: tuple | None):
+    """The tensor's codes as its raw data holds them (4-bit: two a byte, low nibble first);
+    held: (weight store, array) for a stub."""
+    if held is not None:  # held by a session's weight store: its bytes, without a copy
+        return np.ascontiguousarray(held[1]).reshape(-1).view(np.uint8)
     raw = tensor.raw_data
     if raw:
         return raw
