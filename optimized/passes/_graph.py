@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
-from reference.weights import SMALL_TENSOR, WeightStore, tensor_array
+from reference.weights import SMALL_TENSOR, WeightStore, store_of, stored_array, tensor_array
 
 MS_DOMAIN = "com.microsoft"
 # the ops our fusions write as model-local functions, whose bodies the reference runs
@@ -346,14 +346,41 @@ _STORED_DTYPES = {np.dtype(t) for t in (np.float32, np.float64, np.float16, np.i
 _TENSOR_TYPES = {t: helper.np_dtype_to_tensor_dtype(t) for t in _STORED_DTYPES}
 
 
+# inside weights_into(store): the ids of the arrays the store held when it began (the caller's
+# model may name them); an array a pass has made since belongs to the passes alone
+_HELD_BEFORE: ContextVar[frozenset] = ContextVar("held_before", default=frozenset())
+
+
 @contextmanager
 def weights_into(store: WeightStore | None):
     """initializer() makes large tensors of the main graph as stubs in `store` meanwhile."""
     token = _STORE.set(store)
+    held = _HELD_BEFORE.set(frozenset(map(id, store.arrays.values())) if store else frozenset())
     try:
         yield
     finally:
+        _HELD_BEFORE.reset(held)
         _STORE.reset(token)
+
+
+def own_weight(constants: Constants, name: str, reader, uses, graph_outputs
+               ) -> np.ndarray | None:
+    """The array of the stub initializer `name`, made writable, where `reader` alone reads it
+    (once), a pass made it inside this weights_into (so no model but the working one names it)
+    and it owns its memory of floats; else None. The pass that replaces `reader` may rewrite it
+    in place: fresh pages fault in one by one, which on this VM cost more than the arithmetic
+    written into them."""
+    tensor = constants.tensors.get(name)
+    store = _STORE.get()
+    if (tensor is None or store is None or name in graph_outputs or uses.get(name) != [reader]
+            or list(reader.input).count(name) != 1 or store_of(tensor) is not store):
+        return None
+    array = stored_array(tensor)
+    if (id(array) in _HELD_BEFORE.get() or array.base is not None or not array.flags.owndata
+            or not array.flags.c_contiguous or array.dtype.kind != "f"):
+        return None
+    array.setflags(write=True)
+    return array
 
 
 def initializer(name: str, array: np.ndarray) -> onnx.TensorProto:
@@ -810,12 +837,14 @@ def batchnorm_affine(bn, constants):
 SCALED_BLOCK = 1 << 14
 
 
-def scale_channels(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+def scale_channels(w: np.ndarray, scale: np.ndarray, out: np.ndarray | None = None
+                   ) -> np.ndarray:
     """w * scale along w's first axis, computed in float64 and rounded to w's dtype once (what
     (w.astype(float64) * scale).astype(w.dtype) gives, bit for bit), a few channels at a time:
-    the whole float64 copies cost resnet50's session 3 passes over 200 MB."""
+    the whole float64 copies cost resnet50's session 3 passes over 200 MB. Into `out` (w's
+    shape and dtype; w itself to scale it in place) when given."""
     scale = np.asarray(scale, np.float64).reshape(-1)
-    out = np.empty(w.shape, w.dtype)
+    out = np.empty(w.shape, w.dtype) if out is None else out
     if w.size == 0:
         return out
     rows, out_rows = w.reshape(w.shape[0], -1), out.reshape(w.shape[0], -1)

@@ -15,6 +15,7 @@ from ._graph import (
     copy_model,
     graph_output_names,
     only_reader,
+    own_weight,
     set_nodes,
     taken_names,
 )
@@ -33,14 +34,17 @@ def fold_conv_affine(model: onnx.ModelProto) -> onnx.ModelProto:
         if weights is None:
             continue
         w, b = weights
-        chain, last = [], conv
+        chain, last, scaled = [], conv, False
         while True:
             step = only_reader(uses, outputs, last.output[0])
             factor = _per_channel(step, last.output[0], constants, w) if step else None
             if factor is None:
                 break
             if step.op_type == "Mul":
-                w, b = w * factor.reshape((-1,) + (1,) * (w.ndim - 1)), b * factor
+                # in place once w is a copy of ours, or a weight only this Conv reads
+                own = w if scaled else own_weight(constants, conv.input[1], conv, uses, outputs)
+                w = np.multiply(w, factor.reshape((-1,) + (1,) * (w.ndim - 1)), out=own)
+                scaled, b = True, b * factor
             else:
                 b = b + factor
             chain.append(step)

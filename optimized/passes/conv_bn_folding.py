@@ -17,6 +17,7 @@ from ._graph import (
     is_inference_batchnorm,
     only_reader,
     opset_version,
+    own_weight,
     scale_channels,
     set_nodes,
     taken_names,
@@ -37,7 +38,7 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
         if bn is None or bn.op_type != "BatchNormalization" or not is_inference_batchnorm(bn, uses,
                                                                                   outputs, opset):
             continue
-        folded = _folded_weights(conv, bn, constants)
+        folded = _folded_weights(conv, bn, constants, uses, outputs)
         if folded is None:
             continue
         w, b = folded
@@ -50,7 +51,7 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _folded_weights(conv, bn, constants):
+def _folded_weights(conv, bn, constants, uses, outputs):
     w = constants.get(conv.input[1])
     bias = constants.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
     if len(conv.input) > 2 and conv.input[2] and bias is None:
@@ -60,4 +61,5 @@ def _folded_weights(conv, bn, constants):
         return None
     scale, shift = affine
     b = np.zeros(w.shape[0]) if bias is None else bias.astype(np.float64)
-    return scale_channels(w, scale), (b * scale + shift).astype(w.dtype)
+    own = own_weight(constants, conv.input[1], conv, uses, outputs)  # scaled in place if so
+    return scale_channels(w, scale, out=own), (b * scale + shift).astype(w.dtype)
