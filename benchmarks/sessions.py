@@ -51,6 +51,7 @@ OPTIMIZED_PHASES = (("optimized.session", "load_for_session", "load"),
 OPTIMIZED_PASSES = ("optimized.passes", "PASSES")
 # onnxruntime writes the wait before and after a kernel as separate node events
 NOT_KERNEL_TIME = ("_fence_before", "_fence_after")
+WARM_UPS = 2  # runs before a profile's: ours are compiled from a signature's third run on
 
 
 def timed_creations(create) -> tuple[object, float, float]:
@@ -78,14 +79,24 @@ def event_key(event: dict, by_shape: bool) -> str:
 
 def profile_summary(trace_path: str, runs: int, by_shape: bool = False) -> dict[str, dict]:
     """{op type: {"nodes": events per run, "us": microseconds per run}} from a Chrome trace of
-    a warm-up run and then `runs` runs, each with the same node events: the warm-up's (the
-    first in time) are left out. With by_shape, keyed by op type and first two input shapes."""
+    warm-up runs and then `runs` runs: the node events from the start of the last `runs`
+    "model_run" events on (both runtimes write one per run; ours leave steps worked out once
+    out of a compiled run, so runs differ in events), else (no such events) the last
+    runs/(runs + WARM_UPS) of the events. With by_shape, keyed by op type and first two input
+    shapes."""
     with open(trace_path) as f:
-        events = [e for e in json.load(f) if e.get("cat") == "Node"
-                  and not e.get("name", "").endswith(NOT_KERNEL_TIME)]
-    events.sort(key=lambda e: e.get("ts", 0))
+        trace = json.load(f)
+    events = sorted((e for e in trace if e.get("cat") == "Node"
+                     and not e.get("name", "").endswith(NOT_KERNEL_TIME)),
+                    key=lambda e: e.get("ts", 0))
+    starts = sorted(e.get("ts", 0) for e in trace
+                    if e.get("cat") == "Session" and e.get("name") == "model_run")
+    if len(starts) >= runs:
+        summarised = [e for e in events if e.get("ts", 0) >= starts[-runs]]
+    else:
+        summarised = events[len(events) * WARM_UPS // (runs + WARM_UPS):]
     summary: dict[str, dict] = defaultdict(lambda: {"nodes": 0.0, "us": 0.0})
-    for event in events[len(events) // (runs + 1):]:
+    for event in summarised:
         op = event_key(event, by_shape)
         summary[op]["nodes"] += 1 / runs
         summary[op]["us"] += event.get("dur", 0) / runs
@@ -101,7 +112,7 @@ def workload(name: str, create, make_profiled, version: str, phases: tuple = (),
     def profile(runs: int = 10, by_shape: bool = False) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             profiled = make_profiled(data, str(Path(tmp) / "profile"))
-            for _ in range(runs + 1):  # a warm-up, then the runs summarised
+            for _ in range(runs + WARM_UPS):  # the runs summarised come last
                 profiled.run(None, feeds)
             return profile_summary(profiled.end_profiling(), runs, by_shape)
 

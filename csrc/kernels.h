@@ -291,6 +291,11 @@ typedef struct {
 /* Runs steps[0..count) in order.  Returns -1, or the index of the step that failed (its
  * kernel ran out of memory or refused its input) with the steps before it done. */
 int64_t plan_run(const plan_step *steps, int64_t count, void *const *slots);
+/* plan_run, for profiling: times[0] (count + 1 int64) the clock before the first step,
+ * times[i + 1] after step i, in ns of CLOCK_MONOTONIC (Python's time.perf_counter_ns on
+ * Linux); times past a failed step are left unwritten. */
+int64_t plan_run_timed(const plan_step *steps, int64_t count, void *const *slots,
+                       int64_t *times);
 
 /* optimized/passes/gqa_fusion.py's CausalPaddingMask (csrc/causal_mask.c): y (batch, 1, q_len,
  * keys) float32, 0 where key j <= *start + i and mask[b, j] (batch x keys, of mask_type) is not

@@ -3,6 +3,7 @@
  * buffer is named by its slot; slots[i] is the address the plan bound to slot i (arena,
  * initializer, feed or output), so one table serves every run of one input signature. */
 #include <string.h>
+#include <time.h>
 
 #include "kernels.h"
 #include "internal.h"
@@ -240,5 +241,25 @@ int64_t plan_run(const plan_step *steps, int64_t count, void *const *slots)
     for (int64_t i = 0; i < count; ++i)
         if (run_step(steps + i, slots) != 0)
             return i;
+    return -1;
+}
+
+static int64_t monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+int64_t plan_run_timed(const plan_step *steps, int64_t count, void *const *slots,
+                       int64_t *times)
+{
+    times[0] = monotonic_ns();
+    for (int64_t i = 0; i < count; ++i) {
+        int failed = run_step(steps + i, slots);
+        times[i + 1] = monotonic_ns();
+        if (failed != 0)
+            return i;
+    }
     return -1;
 }

@@ -1916,9 +1916,19 @@ class StepTable:
         k of a step's n or g is word `step * STEP_WORDS + FIELD_WORD[name] + k`."""
         return np.frombuffer(ffi.buffer(self.steps), np.int64)
 
-    def run(self, start: int, stop: int) -> int:
-        """Runs steps [start, stop); -1, or the index of the step whose kernel failed."""
+    def run(self, start: int, stop: int, times: np.ndarray | None = None) -> int:
+        """Runs steps [start, stop); -1, or the index of the step whose kernel failed.  With
+        `times` (int64, stop - start + 1 or more, C-contiguous), plan_run_timed fills it:
+        the clock before the first step, then after each step, in ns of CLOCK_MONOTONIC."""
         if stop <= start:
             return -1
-        failed = lib.plan_run(self.steps + start, stop - start, self.addresses)
+        if times is None:
+            failed = lib.plan_run(self.steps + start, stop - start, self.addresses)
+        else:
+            if times.dtype != np.int64 or not times.flags.c_contiguous or not times.flags.writeable \
+                    or times.size < stop - start + 1:
+                raise ValueError(f"times must be a writable C-contiguous int64 array of "
+                                 f"{stop - start + 1} or more, got {times.dtype} {times.shape}")
+            failed = lib.plan_run_timed(self.steps + start, stop - start, self.addresses,
+                                        ffi.from_buffer("int64_t[]", times))
         return -1 if failed < 0 else start + failed

@@ -260,9 +260,22 @@ class Plan:
 
     # running --------------------------------------------------------------------------
     def run(self, feeds: dict, observer=None, profiler=None, checker=None) -> list:
+        if isinstance(profiler, Profiler):
+            start = time.perf_counter()
+            try:
+                return self._run(feeds, observer, profiler, checker)
+            finally:
+                profiler.record_run(start, time.perf_counter())
+        return self._run(feeds, observer, profiler, checker)
+
+    def _run(self, feeds: dict, observer, profiler, checker) -> list:
+        """A run: compiled where it can be (a Profiler's run too, timed by the step table),
+        else step by step in Python (always with an observer, a checker or another kind of
+        profiler hook)."""
         feeds = {name: normalize(value) for name, value in feeds.items()}
-        if self.c_steps is not None and observer is None and profiler is None and checker is None:
-            outputs = self._run_compiled(feeds)
+        if self.c_steps is not None and observer is None and checker is None \
+                and (profiler is None or isinstance(profiler, Profiler)):
+            outputs = self._run_compiled(feeds, profiler)
             if outputs is not None:
                 return outputs
         slots = self.slots_for(feeds)
@@ -307,10 +320,11 @@ class Plan:
             raise NodeError(step.node, self.opsets.get(canonical_domain(step.node.domain)),
                             f"{type(e).__name__}: {e}") from e
 
-    def _run_compiled(self, feeds: dict) -> list | None:
+    def _run_compiled(self, feeds: dict, profiler: Profiler | None = None) -> list | None:
         """The outputs of a run through this signature's CompiledRun; None where the run is
         to go step by step in Python: a signature seen for the first time, one the plan could
-        not compile, feeds that are not plain arrays, or another thread running it now."""
+        not compile, feeds that are not plain arrays, or another thread running it now, and
+        when profiling, a program shared by signatures (plan_shapes: its shapes vary)."""
         key = _signature(feeds)
         if key is None:
             return None
@@ -320,12 +334,14 @@ class Plan:
                 return None
             try:
                 self._programs.move_to_end(key)
-                return program.run(feeds)
+                return program.run(feeds, profiler)
             finally:
                 if program.broken:  # a shape the recorded run did not have: never again
                     self._programs[key] = None
                 self._lock.release()
         shared = self.shapes.program(key)  # plan_shapes: a pattern's, for a growing KV cache
+        if shared is not None and profiler is not None:
+            return None
         if shared is not None and self._lock.acquire(blocking=False):
             try:
                 return shared.run(feeds)
@@ -339,7 +355,7 @@ class Plan:
             self._sightings[key] = 1
             notes = self.shapes.notes(feeds)  # its shapes, to learn patterns from
             slots = self.slots_for(feeds)
-            self.run_steps(slots, self.steps, 0, record=notes.record)
+            self.run_steps(slots, self.steps, 0, profiler=profiler, record=notes.record)
             self.shapes.seen(key, notes)
             return [slots[s] for s in self.output_slots]
         if not self._lock.acquire(blocking=False):
@@ -347,7 +363,7 @@ class Plan:
         try:
             recorder = Recorder(self, feeds)
             slots = self.slots_for(feeds)
-            self.run_steps(slots, self.steps, 0, record=recorder.record)
+            self.run_steps(slots, self.steps, 0, profiler=profiler, record=recorder.record)
             outputs = [slots[s] for s in self.output_slots]
             self._sightings.pop(key, None)
             if wanted:
@@ -413,19 +429,69 @@ def _trim(values):
 
 
 class Profiler:
-    """Chrome-trace events, one per node run: op type, input shapes and duration."""
+    """Chrome-trace events in onnxruntime's format: per node run one "Node" event (name, op
+    type, input shapes, provider, ts and dur in µs from the profiler's start), per run one
+    "Session" event "model_run".
 
-    def __init__(self):
+    A compiled run is timed as it runs: the step table (csrc/plan.c plan_run_timed) reads the
+    clock after each step, Python steps are timed around their call, both with
+    time.perf_counter's clock.  A step made of several nodes is split into one event per
+    node, its time shared evenly among them, the events back to back in node order: a fused
+    elementwise chain (one pass over the elements, each member one operation per element,
+    so alike in cost) and a oneDNN region (its members' shares are not measured apart).  A
+    node whose several table entries run one after the other (a Concat's copies) is one event
+    from the first's start to the last's end.  Steps worked out once for a signature do not
+    run and have no event; nor do views (they copy nothing)."""
+
+    def __init__(self, provider: str = "CPUExecutionProvider"):
         self.events: list[dict] = []
-        self.origin = time.perf_counter()
+        self.provider = provider
+        self.origin_ns = time.perf_counter_ns()
 
     def record(self, step: Step, values, start: float, end: float) -> None:
-        self.events.append({
-            "name": step.node.name or step.node.op_type, "cat": "Node", "ph": "X", "pid": 1,
-            "tid": 1, "ts": (start - self.origin) * 1e6, "dur": (end - start) * 1e6,
-            "args": {"op_name": step.node.op_type, "kernel": step.kernel,
-                     "input_type_shape": [_shape(v) for v in values]},
-        })
+        """A step run in Python: its input values, perf_counter() before and after."""
+        self.record_shapes(step, [_shape(v) for v in values], round(start * 1e9),
+                           round(end * 1e9))
+
+    def record_shapes(self, step: Step, shapes: list, start_ns: int, end_ns: int) -> None:
+        """A step: its inputs' {dtype: shape}, perf_counter_ns() before and after."""
+        members = _member_steps(step)
+        share = (end_ns - start_ns) / len(members)
+        for k, member in enumerate(members):
+            node = member.node
+            self.events.append({
+                "cat": "Node", "pid": 1, "tid": 1, "ph": "X",
+                "ts": (start_ns + k * share - self.origin_ns) / 1e3, "dur": share / 1e3,
+                "name": (node.name or node.op_type) + "_kernel_time",
+                "args": {"op_name": node.op_type, "provider": self.provider,
+                         "kernel": step.kernel,
+                         "input_type_shape": shapes if member is step else
+                         _member_shapes(member, step, shapes)},
+            })
+
+    def record_run(self, start: float, end: float) -> None:
+        self.events.append({"cat": "Session", "pid": 1, "tid": 1, "ph": "X",
+                            "ts": (start * 1e9 - self.origin_ns) / 1e3,
+                            "dur": (end - start) * 1e6, "name": "model_run", "args": {}})
+
+
+def _member_steps(step: Step) -> list:
+    """The steps of the graph's nodes that a step stands for: a fused chain's links, a oneDNN
+    region's members, else the step itself."""
+    if isinstance(step.run, chains.FusedChain):
+        return [link.step for link in step.run.links]
+    if isinstance(step.run, onednn_region.RegionRun):
+        return list(step.run.steps)
+    return [step]
+
+
+def _member_shapes(member: Step, step: Step, shapes: list) -> list:
+    """A chain or region member's input shapes as far as the whole step's inputs tell: the
+    shape of each input the step reads, the step's first input's for values made inside it
+    (an elementwise chain's values have its first input's shape, up to broadcasting)."""
+    known = dict(zip(step.inputs, shapes))
+    inner = shapes[0] if shapes else None
+    return [known.get(s, inner) for s in member.inputs if s != ABSENT]
 
 
 def _shape(value):
@@ -666,6 +732,7 @@ class CompiledRun:
             storage.update({s: "fresh" if s in outputs or s in self.resized else "arena"
                             for s in made})
         self.storage = storage
+        self.specs, self._shapes_of = rec.specs, {}  # for a profile's input shapes
         self.inside = self._place_concats(steps, kinds, described, rec)
         need = self._liveness(steps, kinds, outputs)
         self._layout(steps, kinds, rec, storage, need)
@@ -862,13 +929,13 @@ class CompiledRun:
                 self.ops.append((PY, i, guards, release))
 
     # running --------------------------------------------------------------------------
-    def run(self, feeds: dict) -> list:
+    def run(self, feeds: dict, profiler: Profiler | None = None) -> list:
         try:
-            return self._run(feeds)
+            return self._run(feeds, profiler)
         finally:
             self.table.release(self.per_run)
 
-    def _run(self, feeds: dict) -> list:
+    def _run(self, feeds: dict, profiler: Profiler | None = None) -> list:
         plan, table = self.plan, self.table
         slots = list(self.template)
         for name, value in feeds.items():
@@ -882,14 +949,21 @@ class CompiledRun:
         steps = plan.steps
         for op in self.ops:
             if op[0] == C:
-                failed = table.run(op[1], op[2])
+                if profiler is None:
+                    failed = table.run(op[1], op[2])
+                else:
+                    failed = self._timed(op[1], op[2], profiler)
                 if failed >= 0:  # the step runs again in Python, which raises the error
-                    return self._finish(slots, self.entry_step[failed])
+                    return self._finish(slots, self.entry_step[failed], profiler)
                 continue
             _, i, guards, release = op
             step = steps[i]
             values = [slots[s] if s != ABSENT else None for s in step.inputs]
-            for s, value in zip(step.outputs, plan._call(step, values, slots)):
+            start = time.perf_counter() if profiler is not None else 0.0
+            outputs = plan._call(step, values, slots)
+            if profiler is not None:
+                profiler.record(step, values, start, time.perf_counter())
+            for s, value in zip(step.outputs, outputs):
                 if s != ABSENT:
                     slots[s] = value
             for s, shape, dtype, bind in guards:
@@ -903,10 +977,38 @@ class CompiledRun:
                 slots[s] = None
         return self._outputs(slots)
 
-    def _finish(self, slots: list, start: int) -> list:
+    def _finish(self, slots: list, start: int, profiler: Profiler | None = None) -> list:
         """The rest of the run step by step in Python (steps worked out once included)."""
-        self.plan.run_steps(slots, self.plan.steps, start)
+        self.plan.run_steps(slots, self.plan.steps, start, profiler=profiler)
         return self._outputs(slots)
+
+    def _timed(self, start: int, stop: int, profiler: Profiler) -> int:
+        """table.run(start, stop) with the clock read after each entry (plan_run_timed), and
+        one profiler event per step of the entries that ran (not a failed one: it runs again
+        in Python, timed there)."""
+        times = np.empty(stop - start + 1, np.int64)
+        failed = self.table.run(start, stop, times)
+        done = stop if failed < 0 else failed
+        steps, entry_step = self.plan.steps, self.entry_step
+        k = start
+        while k < done:
+            i, end = entry_step[k], k + 1
+            while end < done and entry_step[end] == i:
+                end += 1
+            profiler.record_shapes(steps[i], self._input_shapes(i), int(times[k - start]),
+                                   int(times[end - start]))
+            k = end
+        return failed
+
+    def _input_shapes(self, i: int) -> list:
+        """Step i's inputs as {dtype: shape}, from the recorded run (the same in every run of
+        the signature)."""
+        shapes = self._shapes_of.get(i)
+        if shapes is None:
+            shapes = self._shapes_of[i] = [
+                {str(self.specs[s][1]): list(self.specs[s][0])} if s in self.specs else "NoneType"
+                for s in self.plan.steps[i].inputs]
+        return shapes
 
     def _outputs(self, slots: list) -> list:
         return [self._own(slots[s], s in self.copied_outputs) for s in self.plan.output_slots]
