@@ -45,6 +45,9 @@ void gemm_parallel(int trans_a, int trans_b, int m, int n, int k, float alpha, c
  * from k x n DequantizeLinear codes, n even (csrc/nbits_pack.c); flip XORs each code. */
 void matmul_nbits_pack4_pairs(const uint8_t *src, uint8_t *dst, int k, int n, size_t row_bytes,
                               uint8_t flip);
+/* MatMulNBits's 8-bit weight rows from k x n codes: a byte transpose (csrc/nbits_pack.c). */
+void matmul_nbits_pack8_rows(const uint8_t *src, uint8_t *dst, int k, int n, size_t row_bytes,
+                             uint8_t flip);
 
 /* y[i] = act(y[i]) in place. */
 void activate_inplace(float *y, size_t n, int act, float alpha, float beta);

@@ -736,8 +736,9 @@ void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits,
     uint8_t flip = flip_sign ? (uint8_t)(1 << (bits - 1)) : 0;
     int pairs = bits == 4 && !transposed && n % 2 == 0;
     int whole_rows = transposed && (bits == 8 || k % 2 == 0);
+    int bytes8 = bits == 8 && !transposed;
     size_t code_bytes = ((size_t)k * bits + 7) / 8;  /* of a row; the rest is padding */
-    if (pairs || whole_rows) {
+    if (pairs || whole_rows || bytes8) {
         for (int j = 0; j < n; ++j)
             memset(dst + (size_t)j * row_bytes + code_bytes, 0, row_bytes - code_bytes);
     } else {
@@ -745,6 +746,10 @@ void matmul_nbits_pack(const uint8_t *src, uint8_t *dst, int k, int n, int bits,
     }
     if (pairs) { /* a byte transpose, in registers where AVX2 runs (csrc/nbits_pack.c) */
         matmul_nbits_pack4_pairs(src, dst, k, n, row_bytes, flip);
+        return;
+    }
+    if (bytes8) { /* a byte transpose, in registers where AVX2 runs (csrc/nbits_pack.c) */
+        matmul_nbits_pack8_rows(src, dst, k, n, row_bytes, flip);
         return;
     }
     /* one thread: it runs once, while a session loads, and two threads on a busy machine took

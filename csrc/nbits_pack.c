@@ -139,6 +139,30 @@ AVX2 static void pack4_pairs_avx2(const uint8_t *restrict src, uint8_t *restrict
         }
     }
 }
+
+/* 8-bit codes: source rows [0, k16) (a multiple of 16) by columns [0, n32) (a multiple of
+ * 32), tiles of 16 rows by 32 columns (a 16 x 16 byte transpose in each lane). */
+AVX2 static void pack8_rows_avx2(const uint8_t *restrict src, uint8_t *restrict dst, size_t n,
+                                 size_t row_bytes, uint8_t flip, int k16, size_t n32)
+{
+    const __m256i flips = _mm256_set1_epi8((char)flip);
+    for (size_t j0 = 0; j0 < n32; j0 += 32) {
+        for (int i0 = 0; i0 < k16; i0 += 16) {
+            __m256i r[16];
+            for (int t = 0; t < 16; ++t)
+                r[t] = _mm256_xor_si256(
+                    _mm256_loadu_si256((const __m256i *)(src + (size_t)(i0 + t) * n + j0)), flips);
+            transpose16_lanes(r);
+            uint8_t *first = dst + j0 * row_bytes + i0;
+            for (int c = 0; c < 16; ++c) {
+                __m256i v = r[BIT_REVERSED[c]];
+                _mm_storeu_si128((__m128i *)(first + (size_t)c * row_bytes), _mm256_castsi256_si128(v));
+                _mm_storeu_si128((__m128i *)(first + (16 + (size_t)c) * row_bytes),
+                                 _mm256_extracti128_si256(v, 1));
+            }
+        }
+    }
+}
 #endif
 
 void matmul_nbits_pack4_pairs(const uint8_t *src, uint8_t *dst, int k, int n, size_t row_bytes,
@@ -174,4 +198,24 @@ void matmul_nbits_scales(const float *src, float *dst, int blocks, int n)
     for (size_t r = 0; r < rows; ++r)
         for (size_t c = r < rows8 ? cols8 : 0; c < cols; ++c)
             dst[c * rows + r] = src[r * cols + c];
+}
+
+void matmul_nbits_pack8_rows(const uint8_t *src, uint8_t *dst, int k, int n, size_t row_bytes,
+                             uint8_t flip)
+{
+    int k16 = 0;
+    size_t n32 = 0;
+#if defined(__x86_64__)
+    if (have_avx2()) {
+        k16 = k / 16 * 16;
+        n32 = (size_t)n / 32 * 32;
+        if (k16 && n32)
+            pack8_rows_avx2(src, dst, (size_t)n, row_bytes, flip, k16, n32);
+        else
+            k16 = 0, n32 = 0;
+    }
+#endif
+    for (size_t i = 0; i < (size_t)k; ++i)
+        for (size_t j = (int)i < k16 ? n32 : 0; j < (size_t)n; ++j)
+            dst[j * row_bytes + i] = (uint8_t)(src[i * (size_t)n + j] ^ flip);
 }

@@ -109,3 +109,31 @@ def test_pack_and_scales_into_given_arrays():
     square = rng.standard_normal((8, 8), dtype=np.float32)
     with pytest.raises(ValueError, match="overlap"):
         kernels.matmul_nbits_scales(square, out=square)
+
+
+def expected_rows_8bit(codes_kn: np.ndarray, block_size: int, offset: int) -> np.ndarray:
+    """8-bit MatMulNBits rows built code by code: row j holds (codes[i, j] + offset) mod 256
+    at byte i, then zeros to the end of its last block."""
+    k, n = codes_kn.shape
+    rows = np.zeros((n, -(-k // block_size) * block_size), np.uint8)
+    for j in range(n):
+        for i in range(k):
+            rows[j, i] = (int(codes_kn[i, j]) + offset) & 255
+    return rows
+
+
+@pytest.mark.parametrize("k,n", [(16, 32), (32, 64), (48, 96), (17, 33), (31, 63), (47, 100),
+                                 (5, 7), (64, 31), (15, 32)])
+@pytest.mark.parametrize("signed", [False, True])
+def test_pack_8bit_whole_tiles_and_edges(k, n, signed):
+    """8-bit [K, N] codes: tiles of 16 rows by 32 columns in AVX2 registers, edge rows and
+    columns byte by byte; signed codes move by 128."""
+    rng = np.random.default_rng(k * 1000 + n)
+    codes = rng.integers(-128, 128, (k, n)) if signed else rng.integers(0, 256, (k, n))
+    raw = (codes.reshape(-1) & 255).astype(np.uint8)
+    for block_size in (16, 64):
+        packed = kernels.matmul_nbits_pack(raw, k=k, n=n, bits=8, block_size=block_size,
+                                           signed=signed)
+        assert packed.shape == (n, -(-k // block_size), block_size)
+        np.testing.assert_array_equal(packed.reshape(n, -1),
+                                      expected_rows_8bit(codes, block_size, 128 if signed else 0))
