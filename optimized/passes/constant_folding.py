@@ -52,11 +52,13 @@ def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMEN
             break
         taken = set(wave)
         undecided = [i for i in undecided if i not in taken]
-        values = {i: _input_values(nodes[i], constants, max_elements) for i in wave}
-        wave = [i for i in wave if values[i] is not None]
         # a plain fill is made as it is (a light model's weights are hundreds of them: a model
         # run for them cost more than the rest of the session's creation)
         fills = {i: fill for i in wave if (fill := constant_fill(nodes[i], constants))}
+        values = {i: _input_values(nodes[i], constants, max_elements) for i in wave
+                  if i not in fills}
+        wave = [i for i in wave if (_small_fill(fills[i], max_elements) if i in fills
+                                    else values[i] is not None)]
         evaluated = [i for i in wave if i not in fills]
         together = _evaluate_small(model, [(nodes[i], values[i]) for i in evaluated])
         position = {i: k for k, i in enumerate(evaluated)}
@@ -99,6 +101,13 @@ def _input_values(node, constants, max_elements):
     if node.op_type == "ConstantOfShape" and _filled_elements(values, node) > max_elements:
         return None  # not even made once: a large fill would only be dropped again
     return values
+
+
+def _small_fill(fill, max_elements) -> bool:
+    """Whether a fill (constant_fill's shape, value, type) is folded: what _input_values decides
+    of its node, from the shape alone."""
+    shape = fill[0]
+    return len(shape) <= max_elements and math.prod(shape) <= max_elements
 
 
 def _evaluate_small(model, wave) -> dict:

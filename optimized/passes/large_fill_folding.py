@@ -10,6 +10,7 @@ as a constant. Without a store the model is returned unchanged.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -95,6 +96,10 @@ def constant_fill(node, constants: Constants):
     return sizes, value, data_type
 
 
+# asked once per element type: each fill's value asked it again (a light model has hundreds)
+_dtype_of = functools.lru_cache(maxsize=None)(np_dtype)
+
+
 def _value(node):
     """(the fill value as a 0-d array, its tensor type): float32 0 by default; (None, None)
     for a value the run should judge (not one element, or not held as its own type)."""
@@ -105,7 +110,7 @@ def _value(node):
                 return None, None
             try:
                 value = tensor_values(a.t)
-                same_type = value.dtype == np_dtype(a.t.data_type)
+                same_type = value.dtype == _dtype_of(a.t.data_type)
             except (TypeError, ValueError, KeyError):
                 return None, None
             if value.size != 1 or not same_type:

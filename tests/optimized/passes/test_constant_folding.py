@@ -64,6 +64,25 @@ def test_skips_results_larger_than_the_limit():
     assert op_types(fold_constants(model, max_elements=100)) == {"Add": 1}
 
 
+def test_a_fill_is_decided_by_its_elements_and_its_shape_vector_length():
+    """A fill folds up to max_elements elements made, and only with a shape input of at most
+    max_elements entries (the bound on the inputs of every node)."""
+    def fill_add(sizes):
+        nodes = [helper.make_node("ConstantOfShape", ["shape"], ["fill"],
+                                  value=numpy_helper.from_array(np.array([1.5], np.float32))),
+                 helper.make_node("Add", ["x", "fill"], ["y"])]
+        return make_model(nodes, [("x", sizes)], [("y", sizes)],
+                          {"shape": np.array(sizes, np.int64)})
+    model = fill_add([3, 5, 7])
+    assert op_types(fold_constants(model, max_elements=104)) == op_types(model)
+    folded = fold_constants(model, max_elements=105)
+    assert op_types(folded) == {"Add": 1}
+    assert initializer(folded, "fill").tobytes() == np.full((3, 5, 7), 1.5, np.float32).tobytes()
+    ones = fill_add([1] * 6)
+    assert op_types(fold_constants(ones, max_elements=5)) == op_types(ones)
+    assert op_types(fold_constants(ones, max_elements=6)) == {"Add": 1}
+
+
 def test_a_large_result_is_left_without_being_made_or_copied():
     """light_vgg19's 25088 x 4096 fill peaked at three copies while it was made, copied into a
     TensorProto and dropped; a ConstantOfShape past the limit is not even made, and any other
