@@ -323,8 +323,7 @@ class Plan:
     def _run_compiled(self, feeds: dict, profiler: Profiler | None = None) -> list | None:
         """The outputs of a run through this signature's CompiledRun; None where the run is
         to go step by step in Python: a signature seen for the first time, one the plan could
-        not compile, feeds that are not plain arrays, or another thread running it now, and
-        when profiling, a program shared by signatures (plan_shapes: its shapes vary)."""
+        not compile, feeds that are not plain arrays, or another thread running it now."""
         key = _signature(feeds)
         if key is None:
             return None
@@ -334,17 +333,15 @@ class Plan:
                 return None
             try:
                 self._programs.move_to_end(key)
-                return program.run(feeds, profiler)
+                return program.run(feeds) if profiler is None else program.run(feeds, profiler)
             finally:
                 if program.broken:  # a shape the recorded run did not have: never again
                     self._programs[key] = None
                 self._lock.release()
         shared = self.shapes.program(key)  # plan_shapes: a pattern's, for a growing KV cache
-        if shared is not None and profiler is not None:
-            return None
         if shared is not None and self._lock.acquire(blocking=False):
             try:
-                return shared.run(feeds)
+                return shared.run(feeds) if profiler is None else shared.run(feeds, profiler)
             finally:
                 self._lock.release()
         seen = self._sightings.get(key, 0)
@@ -740,6 +737,7 @@ class CompiledRun:
 
     resized: frozenset = frozenset()  # slots made anew each run, with a shape per run
     #                                   (optimized/plan_shapes.py), never in the arena
+    grown_shapes: dict = {}  # this run's shape of each resized slot (for a profile)
 
     # building -------------------------------------------------------------------------
     def _describe(self, step: Step, rec: Recorder):
@@ -1002,12 +1000,14 @@ class CompiledRun:
 
     def _input_shapes(self, i: int) -> list:
         """Step i's inputs as {dtype: shape}, from the recorded run (the same in every run of
-        the signature)."""
+        the signature) or, for a slot in `resized`, this run's grown_shapes."""
         shapes = self._shapes_of.get(i)
         if shapes is None:
-            shapes = self._shapes_of[i] = [
-                {str(self.specs[s][1]): list(self.specs[s][0])} if s in self.specs else "NoneType"
-                for s in self.plan.steps[i].inputs]
+            inputs = self.plan.steps[i].inputs
+            shapes = [{str(self.specs[s][1]): list(self.grown_shapes.get(s, self.specs[s][0]))}
+                      if s in self.specs else "NoneType" for s in inputs]
+            if not self.resized.intersection(inputs):
+                self._shapes_of[i] = shapes
         return shapes
 
     def _outputs(self, slots: list) -> list:

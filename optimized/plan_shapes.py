@@ -384,19 +384,20 @@ class GrowingRun(CompiledRun):
         self._patches += patches
         return described[0]
 
-    def run(self, feeds: dict) -> list:
+    def run(self, feeds: dict, profiler=None) -> list:
         on_line = self._length(feeds)
         if on_line is None:
             plan = self.plan
             slots = plan.slots_for(feeds)
-            plan.run_steps(slots, plan.steps, 0)
+            plan.run_steps(slots, plan.steps, 0, profiler=profiler)
             return [slots[s] for s in plan.output_slots]
         t, shapes = on_line
+        self.grown_shapes = shapes
         self.words[self.word_index] = self.word_base + self.word_slope * t
         self.fresh = self.fixed_fresh + [(s, shapes[s], dtype) for s, dtype in self.grown_fresh]
         for guards, k, s, dtype, bind in self.grown_guards:
             guards[k] = (s, shapes[s], dtype, bind)
-        return super().run(feeds)
+        return super().run(feeds) if profiler is None else super().run(feeds, profiler)
 
     def _length(self, feeds: dict) -> tuple[int, dict] | None:
         """t for these feeds and the grown slots' shapes at t, or None where a feed is off the

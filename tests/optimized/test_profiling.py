@@ -187,3 +187,53 @@ def test_profile_summary_keeps_the_last_runs_by_their_model_run_events(tmp_path)
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))
     assert profile_summary(str(path), 2) == {"Relu": {"nodes": 1.0, "us": 4.0}}
+
+
+def test_a_growing_cache_s_shared_program_is_profiled_with_each_run_s_shapes(tmp_path,
+                                                                              monkeypatch):
+    from benchmarks.decoders import SIZES, build_llama, empty_past, step_feeds
+    from optimized.plan_shapes import GrowingRun
+
+    profiled_runs = []
+    real = GrowingRun.run
+
+    def spy(self, feeds, profiler=None):
+        profiled_runs.append(profiler is not None)
+        return real(self, feeds, profiler)
+
+    monkeypatch.setattr(GrowingRun, "run", spy)
+    model = build_llama(SIZES["tiny"])
+    options = ort.SessionOptions()
+    options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / "decode")
+    profiled = ort.InferenceSession(model.SerializeToString(), options)
+    plain = ort.InferenceSession(model.SerializeToString())
+    names = [o.name for o in model.graph.output]
+    prompt = [1, 17, 42, 99, 7]
+    feeds = {**step_feeds(np.array([prompt], np.int64), 0), **empty_past(model)}
+    for i in range(8):
+        got, want = profiled.run(None, feeds), plain.run(None, feeds)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        past = {n.replace("present.", "past_key_values."): v for n, v in zip(names, got)
+                if n.startswith("present.")}
+        feeds = {**step_feeds(np.array([[3 + i]], np.int64), len(prompt) + i), **past}
+    # the last runs of both sessions went through their shared programs, the profiled one's
+    # with its profiler
+    assert profiled_runs.count(True) == profiled_runs.count(False) >= 3
+    with open(profiled.end_profiling()) as f:
+        events = json.load(f)
+    model_runs = sorted((e for e in events if e["cat"] == "Session"), key=lambda e: e["ts"])
+    nodes = [e for e in events if e["cat"] == "Node"]
+
+    def shapes_in(run):
+        inside = [e for e in nodes if run["ts"] <= e["ts"] < run["ts"] + run["dur"]]
+        assert inside and sum(e["dur"] for e in inside) <= run["dur"] + 1e-3
+        return [(e["name"], e["args"]["op_name"], e["args"]["input_type_shape"]) for e in inside]
+
+    before, last = shapes_in(model_runs[-2]), shapes_in(model_runs[-1])
+    assert [name for name, *_ in before] == [name for name, *_ in last]
+    grown = [(op, a, b) for (_, op, a), (*_, b) in zip(before, last) if a != b]
+    assert "Concat" in {op for op, *_ in grown}  # the caches' Concat, a C step of the program
+    for _, a, b in grown:
+        sizes = [(next(iter(x.values())), next(iter(y.values()))) for x, y in zip(a, b) if x != y]
+        assert all(sum(q) - sum(p) == 1 for p, q in sizes), sizes
