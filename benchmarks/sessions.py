@@ -9,8 +9,10 @@ included), `creation_seconds` the median of CREATION_REPEATS more sessions built
 Both runtimes get the same feeds and intra_op_num_threads; optimized runs at `level` (99 is
 ORT_ENABLE_ALL), onnxruntime at ORT_ENABLE_ALL, sequential, inter_op_num_threads 1.
 
-The `profile` command runs a separate profiling session `runs` times and returns, per op type,
-the number of node events and their mean total microseconds per run.
+The `profile` command runs a separate profiling session `runs` times (after WARM_UPS runs) and
+returns, per op type, the number of node events and their mean total microseconds per run.
+Ours times its normal (compiled) run, a fused chain's time split evenly among its nodes
+(optimized/plan.py Profiler).
 
     python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes]   # both runtimes' profiles,
                                           # by op type (or op type and input shapes), top first
