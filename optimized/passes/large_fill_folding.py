@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import numpy as np
 import onnx
@@ -83,17 +84,49 @@ def constant_fill(node, constants: Constants):
         return None
     if not node.input or not node.input[0] or node.input[0] not in constants:
         return None
-    shape = constants.get(node.input[0])
-    if shape.ndim != 1 or shape.dtype != np.int64:
+    sizes = _sizes(constants, node.input[0])
+    if sizes is None:
         return None
-    # as Python ints: numpy's reductions cost more than the rest on a vector of a few sizes
-    sizes = shape.tolist()
     if any(d < 0 for d in sizes):
         return None  # the run reports a bad shape, naming the node
     value, data_type = _value(node)
     if value is None:
         return None
     return sizes, value, data_type
+
+
+def _sizes(constants: Constants, name: str) -> list[int] | None:
+    """A constant int64 vector as Python ints (numpy's reductions cost more than the rest on a
+    vector of a few sizes), read from its raw bytes where it has them (a light model's
+    hundreds of fill shapes each cost a numpy copy of the tensor), else None."""
+    tensor = constants.tensors[name]
+    if (tensor.data_type == TensorProto.INT64 and len(tensor.dims) == 1
+            and tensor.data_location == TensorProto.DEFAULT and tensor.HasField("raw_data")
+            and sys.byteorder == "little" and len(tensor.raw_data) == 8 * tensor.dims[0]):
+        return np.frombuffer(tensor.raw_data, np.int64).tolist()
+    shape = constants.get(name)
+    if shape.ndim != 1 or shape.dtype != np.int64:
+        return None
+    return shape.tolist()
+
+
+# a one-element tensor's value in a typed field: numpy reads a protobuf field element by element
+# through the sequence protocol, which cost each fill of a light model 10 us
+_ONE_TYPED = {TensorProto.FLOAT: ("float_data", np.float32),
+              TensorProto.DOUBLE: ("double_data", np.float64),
+              TensorProto.INT64: ("int64_data", np.int64)}
+
+
+def _one_typed_value(tensor):
+    """A one-element FLOAT, DOUBLE or INT64 tensor's value from its typed field, as a 0-d
+    array, else None."""
+    typed = _ONE_TYPED.get(tensor.data_type)
+    if (typed is None or tensor.data_location != TensorProto.DEFAULT
+            or tensor.HasField("raw_data") or tensor.HasField("segment")
+            or math.prod(tensor.dims) != 1):
+        return None
+    values = getattr(tensor, typed[0])
+    return np.array(values[0], typed[1]) if len(values) == 1 else None
 
 
 # asked once per element type: each fill's value asked it again (a light model has hundreds)
@@ -108,6 +141,9 @@ def _value(node):
             if (a.type != onnx.AttributeProto.TENSOR or a.t.data_type == TensorProto.STRING
                     or a.t.data_type in PACKED_TYPES):
                 return None, None
+            one = _one_typed_value(a.t)
+            if one is not None:
+                return one, a.t.data_type
             try:
                 value = tensor_values(a.t)
                 same_type = value.dtype == _dtype_of(a.t.data_type)

@@ -106,3 +106,34 @@ def test_a_4_bit_fill_stays_a_node_and_matches_the_reference():
     (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
     (y,) = optimized.InferenceSession(model.SerializeToString()).run(None, {"x": x})
     np.testing.assert_array_equal(y, expected)
+
+
+@pytest.mark.parametrize("data_type", [TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64,
+                                       TensorProto.INT32, TensorProto.FLOAT16])
+@pytest.mark.parametrize("raw", [True, False])
+@pytest.mark.parametrize("dims", [[], [1], [1, 1], [2]])
+def test_constant_fill_reads_value_and_shape_as_numpy_helper_does(data_type, raw, dims):
+    """constant_fill's readings from raw bytes and from typed fields (a one-element value read
+    straight from its field, a shape from its raw bytes) against numpy_helper's; a value of
+    more than one element is no plain fill."""
+    from optimized.passes._graph import Constants
+    from optimized.passes.large_fill_folding import constant_fill
+
+    dtype = helper.tensor_dtype_to_np_dtype(data_type)
+    values = np.array([-2.75, 3.5][:max(1, int(np.prod(dims)))], dtype).reshape(dims)
+    value = helper.make_tensor("v", data_type, dims, values.tobytes() if raw else
+                               values.reshape(-1).tolist(), raw=raw)
+    sizes = [3, 1, 5, 2]
+    shape = helper.make_tensor("shape", TensorProto.INT64, [4],
+                               np.array(sizes, np.int64).tobytes() if raw else sizes, raw=raw)
+    node = helper.make_node("ConstantOfShape", ["shape"], ["y"], value=value)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", data_type,
+                                                                              sizes)], [shape])
+    fill = constant_fill(node, Constants(graph))
+    if values.size != 1:
+        assert fill is None
+        return
+    assert fill[0] == numpy_helper.to_array(shape).tolist() == sizes
+    expected = numpy_helper.to_array(value).reshape(())
+    assert fill[1].dtype == expected.dtype and fill[1].shape == ()
+    assert fill[1].tobytes() == expected.tobytes() and fill[2] == data_type
