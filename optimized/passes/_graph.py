@@ -833,20 +833,21 @@ def batchnorm_affine(bn, constants):
     return s, beta - mean * s
 
 
-# float64 elements scale_channels computes at a time: the block stays in the cache
-SCALED_BLOCK = 1 << 14
-
-
 def scale_channels(w: np.ndarray, scale: np.ndarray, out: np.ndarray | None = None
                    ) -> np.ndarray:
     """w * scale along w's first axis, computed in float64 and rounded to w's dtype once (what
-    (w.astype(float64) * scale).astype(w.dtype) gives, bit for bit), a few channels at a time:
-    the whole float64 copies cost resnet50's session 3 passes over 200 MB. Into `out` (w's
-    shape and dtype; w itself to scale it in place) when given."""
+    (w.astype(float64) * scale).astype(w.dtype) gives, bit for bit), in one ufunc call whose
+    buffered casts hold a few thousand float64 elements at a time (whole float64 copies cost
+    resnet50's session 3 passes over 200 MB; blocks of rows in a Python loop cost 1.4x the
+    call). Into `out` (w's shape and dtype, C-contiguous; w itself to scale it in place) when
+    given."""
     scale = np.asarray(scale, np.float64).reshape(-1)
     out = np.empty(w.shape, w.dtype) if out is None else out
     if w.size == 0:
         return out
+    rows = w.shape[0]
+    np.multiply(w.reshape(rows, -1), scale[:, None], out=out.reshape(rows, -1))
+    return out
     rows, out_rows = w.reshape(w.shape[0], -1), out.reshape(w.shape[0], -1)
     step = max(1, SCALED_BLOCK // max(1, rows.shape[1]))
     for start in range(0, rows.shape[0], step):

@@ -90,8 +90,10 @@ def test_fresh_weight_read_by_a_second_conv_is_copied():
 
 
 def test_scale_channels_in_place_is_the_copying_result():
-    from optimized.passes._graph import SCALED_BLOCK, scale_channels
-    for shape in [(OUT, IN, KH, KW), (3, SCALED_BLOCK + 5), (2 * SCALED_BLOCK + 1, 1, 2)]:
+    from optimized.passes._graph import scale_channels
+
+    BUFFER = np.getbufsize()  # elements numpy's ufuncs cast at a time
+    for shape in [(OUT, IN, KH, KW), (3, BUFFER + 5), (2 * BUFFER + 1, 1, 2)]:
         w = (RNG.standard_normal(shape) * 100).astype(np.float32)
         scale = RNG.standard_normal(shape[0]) * 3.7
         copied = scale_channels(w, scale)
