@@ -848,10 +848,3 @@ def scale_channels(w: np.ndarray, scale: np.ndarray, out: np.ndarray | None = No
     rows = w.shape[0]
     np.multiply(w.reshape(rows, -1), scale[:, None], out=out.reshape(rows, -1))
     return out
-    rows, out_rows = w.reshape(w.shape[0], -1), out.reshape(w.shape[0], -1)
-    step = max(1, SCALED_BLOCK // max(1, rows.shape[1]))
-    for start in range(0, rows.shape[0], step):
-        end = start + step
-        out_rows[start:end] = np.multiply(rows[start:end], scale[start:end, None],
-                                          dtype=np.float64)
-    return out
