@@ -19,6 +19,11 @@ from ._graph import (
 )
 
 
+# the op types _passed_through can find passing their input on (any other: None)
+MAYBE_NO_OP = frozenset({"Identity", "Dropout", "Cast", "CastLike", "Reshape", "Transpose",
+                         "Mul", "Div", "Add", "Sub"})
+
+
 def eliminate_identities(model: onnx.ModelProto) -> onnx.ModelProto:
     model = copy_model(model)
     graph = model.graph
@@ -28,7 +33,7 @@ def eliminate_identities(model: onnx.ModelProto) -> onnx.ModelProto:
     outputs = graph_output_names(graph)
     _unname_unread_dropout_masks(nodes, outputs)
     for node in list(nodes):
-        if node.domain not in ("", "ai.onnx"):
+        if node.op_type not in MAYBE_NO_OP or node.domain not in ("", "ai.onnx"):
             continue
         source = _passed_through(node, constants, shapes, model)
         if source is None:

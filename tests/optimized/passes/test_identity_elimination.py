@@ -24,6 +24,7 @@ NO_OPS = {
                                           initializers={"ratio": np.float32(0.5),
                                                         "training": np.array(False)}),
     "Cast to float": chain("Cast", to=TensorProto.FLOAT),
+    "CastLike a float": chain("CastLike", "like", initializers={"like": np.zeros(1, np.float32)}),
     "Reshape to its shape": chain("Reshape", "s", initializers={"s": np.array([2, -1])}),
     "Transpose identity": chain("Transpose", perm=[0, 1]),
     "Mul by 1": chain("Mul", "one", initializers={"one": np.float32(1.0)}),
