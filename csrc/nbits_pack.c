@@ -4,7 +4,8 @@
  * 2p (their low nibbles) and 2p + 1 (their high nibbles), so the repacking is a byte transpose
  * of those pairs.  With AVX2, tiles of 32 source rows by 32 byte columns are transposed in
  * registers (two 16 x 16 byte transposes, one in each 128-bit lane); the edges go byte by
- * byte.  The rows' padding past the codes is the caller's. */
+ * byte.  8-bit [k, n] codes are a plain byte transpose: tiles of 16 source rows by 32 columns,
+ * one 16 x 16 transpose in each lane.  The rows' padding past the codes is the caller's. */
 #include <stddef.h>
 #include <stdint.h>
 
