@@ -260,24 +260,31 @@ class Plan:
 
     # running --------------------------------------------------------------------------
     def run(self, feeds: dict, observer=None, profiler=None, checker=None) -> list:
-        if isinstance(profiler, Profiler):
-            start = time.perf_counter()
-            try:
-                return self._run(feeds, observer, profiler, checker)
-            finally:
-                profiler.record_run(start, time.perf_counter())
-        return self._run(feeds, observer, profiler, checker)
-
-    def _run(self, feeds: dict, observer, profiler, checker) -> list:
         """A run: compiled where it can be (a Profiler's run too, timed by the step table),
         else step by step in Python (always with an observer, a checker or another kind of
         profiler hook)."""
+        if profiler is not None and isinstance(profiler, Profiler):
+            return self._profiled_run(feeds, observer, profiler, checker)
         feeds = {name: normalize(value) for name, value in feeds.items()}
-        if self.c_steps is not None and observer is None and checker is None \
-                and (profiler is None or isinstance(profiler, Profiler)):
-            outputs = self._run_compiled(feeds, profiler)
+        if self.c_steps is not None and observer is None and profiler is None and checker is None:
+            outputs = self._run_compiled(feeds)
             if outputs is not None:
                 return outputs
+        return self._run_in_python(feeds, observer, profiler, checker)
+
+    def _profiled_run(self, feeds: dict, observer, profiler: Profiler, checker) -> list:
+        start = time.perf_counter()
+        try:
+            feeds = {name: normalize(value) for name, value in feeds.items()}
+            if self.c_steps is not None and observer is None and checker is None:
+                outputs = self._run_compiled(feeds, profiler)
+                if outputs is not None:
+                    return outputs
+            return self._run_in_python(feeds, observer, profiler, checker)
+        finally:
+            profiler.record_run(start, time.perf_counter())
+
+    def _run_in_python(self, feeds: dict, observer, profiler, checker) -> list:
         slots = self.slots_for(feeds)
         steps = self.steps if observer is None and checker is None else self.unfused_steps
         self.run_steps(slots, steps, 0, observer, profiler, checker)

@@ -99,9 +99,14 @@ def test_compiled_runs_have_one_event_per_node_in_order_back_to_back(tmp_path, t
 
 
 def test_node_durations_add_up_to_most_of_the_run(tmp_path):
-    for run, events in _profiled_runs(tmp_path, 3)[WARM_UPS:]:
+    shares = []
+    for run, events in _profiled_runs(tmp_path, 7)[WARM_UPS:]:
         total = sum(e["dur"] for e in events)
-        assert 0.5 * run["dur"] < total <= run["dur"] + 1e-3
+        assert total <= run["dur"] + 1e-3
+        shares.append(total / run["dur"])
+    # most runs 0.9-0.97 of the run; the median, as now and then a run has a pause of some ms
+    # between steps, outside every node (seen on a loaded machine with gc off too)
+    assert sorted(shares)[len(shares) // 2] > 0.7, shares
 
 
 def test_a_fused_chain_is_split_evenly_among_its_nodes(tmp_path):
