@@ -130,8 +130,10 @@ def _neutral_arithmetic_input(node, constants, shapes):
     if value is None and node.op_type in ("Mul", "Add"):
         x, c = c, x
         value = constants.get(c)
-    if value is None or value.dtype.kind not in "fiu" or not np.all(value == neutral):
+    if value is None or value.dtype.kind not in "fiu":
         return None
+    if (value.size and value.flat[0] != neutral) or not np.all(value == neutral):
+        return None  # (the first value alone turns down most weights and biases)
     # the constant must not widen the result: its broadcast leaves x's shape and type alone
     if shapes.elem_type(x) is None or shapes.elem_type(x) != shapes.elem_type(node.output[0]):
         return None

@@ -51,6 +51,8 @@ KEPT = {
     "Reshape to another shape": chain("Reshape", "s", initializers={"s": np.array([3, 2])}),
     "Transpose swapping axes": chain("Transpose", perm=[1, 0]),
     "Mul by 2": chain("Mul", "two", initializers={"two": np.float32(2.0)}),
+    "Mul by ones but one": chain("Mul", "w", initializers={"w": np.array([1, 1, 3], np.float32)}),
+    "Add of 0 then NaN": chain("Add", "b", initializers={"b": np.array([0, np.nan, 0], np.float32)}),
     "Mul by ones that broadcast wider": chain("Mul", "one", out_shape=(4, 2, 3),
                                               initializers={"one": np.ones((4, 1, 1), np.float32)}),
     "0 minus x": None,
