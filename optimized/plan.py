@@ -14,8 +14,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -744,7 +745,7 @@ class CompiledRun:
 
     resized: frozenset = frozenset()  # slots made anew each run, with a shape per run
     #                                   (optimized/plan_shapes.py), never in the arena
-    grown_shapes: dict = {}  # this run's shape of each resized slot (for a profile)
+    grown_shapes: Mapping = MappingProxyType({})  # this run's shape of each resized slot (for a profile)
 
     # building -------------------------------------------------------------------------
     def _describe(self, step: Step, rec: Recorder):

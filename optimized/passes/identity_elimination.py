@@ -18,7 +18,6 @@ from ._graph import (
     set_nodes,
 )
 
-
 # the op types _passed_through can find passing their input on (any other: None)
 MAYBE_NO_OP = frozenset({"Identity", "Dropout", "Cast", "CastLike", "Reshape", "Transpose",
                          "Mul", "Div", "Add", "Sub"})

@@ -2,6 +2,7 @@
 (csrc/plan.c plan_run_timed reads the clock after each step), and the trace has one
 onnxruntime-style node event per node that ran, in order, whose durations add up to about the
 run's; with profiling off the table runs without a clock (plan_run)."""
+import itertools
 import json
 
 import numpy as np
@@ -90,7 +91,7 @@ def test_compiled_runs_have_one_event_per_node_in_order_back_to_back(tmp_path, t
         assert [e["args"]["op_name"] for e in events] == ["Conv", "Mul", "Add", "Tanh", "Erf",
                                                           "FusedConv"]
         assert all(e["dur"] > 0 for e in events)
-        for before, after in zip(events, events[1:]):
+        for before, after in itertools.pairwise(events):
             assert after["ts"] >= before["ts"] + before["dur"] - 1e-3  # µs, float rounding
         assert events[0]["ts"] >= run["ts"]
         assert events[-1]["ts"] + events[-1]["dur"] <= run["ts"] + run["dur"] + 1e-3

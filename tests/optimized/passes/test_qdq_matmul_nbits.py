@@ -402,7 +402,7 @@ def test_model_file_with_weights_of_one_size(tmp_path):
     shared). The result is the bytes-loaded session's, bit for bit, and the reference's on
     the QDQ graph within MatMulNBits's rounding."""
     rng = np.random.default_rng(5)
-    k = n = 256
+    k = 256
     model = same_size_chain(rng)
     path = tmp_path / "chain.onnx"
     onnx.save(model, path)
