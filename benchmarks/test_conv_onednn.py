@@ -164,10 +164,7 @@ def test_conv(benchmark, shape, threads):
             if name not in ("ours", "onednn-native"):
                 np.testing.assert_allclose(pair.outputs(name), expected, rtol=1e-3, atol=1e-3,
                                            err_msg=name)
-        times: dict[str, list[float]] = {}
-        pair.alternation_step(count)  # warm-up
-        benchmark.pedantic(pair.alternation_step, args=(count, times), rounds=ROUNDS,
-                           iterations=1)
+        times = timed_rounds(benchmark, pair, count)
         flops = geometry(shape)[-1]
         benchmark.extra_info.update({
             "flops": flops, "threads": threads,
@@ -181,6 +178,15 @@ def test_conv(benchmark, shape, threads):
         })
 
 
+def timed_rounds(benchmark, pair: IsolatedPair, count: int) -> dict[str, list[float]]:
+    """Seconds per call of each worker, one entry per round: a warm-up, then ROUNDS rounds
+    with the workers alternating."""
+    times: dict[str, list[float]] = {}
+    pair.alternation_step(count)  # warm-up
+    benchmark.pedantic(pair.alternation_step, args=(count, times), rounds=ROUNDS, iterations=1)
+    return times
+
+
 @pytest.mark.parametrize("threads", THREADS, ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("shape", list(POINTWISE_SHAPES))
 def test_pointwise(benchmark, shape, threads):
@@ -191,10 +197,7 @@ def test_pointwise(benchmark, shape, threads):
     with IsolatedPair(specs) as pair:
         np.testing.assert_allclose(pair.outputs("onnxruntime"), pair.outputs("ours"), rtol=1e-3,
                                    atol=1e-3)
-        times: dict[str, list[float]] = {}
-        pair.alternation_step(count)  # warm-up
-        benchmark.pedantic(pair.alternation_step, args=(count, times), rounds=ROUNDS,
-                           iterations=1)
+        times = timed_rounds(benchmark, pair, count)
         flops = geometry(shape)[-1]
         benchmark.extra_info.update({
             "flops": flops, "threads": threads,
