@@ -165,12 +165,14 @@ def _c_int(name: str, value: int) -> int:
     return int(value)
 
 
-def _output(out, shape: tuple, *inputs: np.ndarray, may_alias: tuple = ()) -> np.ndarray:
+def _output(out, shape: tuple, *inputs: np.ndarray, may_alias: tuple = (),
+            dtype=np.float32) -> np.ndarray:
     """A new result array, or `out` once checked; `out` may be one of `may_alias` only."""
     if out is None:
-        return np.empty(shape, dtype=np.float32)
-    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
-        raise TypeError(f"out must be a float32 numpy array, got {getattr(out, 'dtype', type(out))}")
+        return np.empty(shape, dtype=dtype)
+    if not isinstance(out, np.ndarray) or out.dtype != dtype:
+        raise TypeError(f"out must be a {np.dtype(dtype)} numpy array, got "
+                        f"{getattr(out, 'dtype', type(out))}")
     if out.shape != tuple(shape):
         raise ValueError(f"out has shape {list(out.shape)}, the result has {list(shape)}")
     if not out.flags.c_contiguous or not out.flags.writeable:
@@ -1147,16 +1149,10 @@ def matmul_nbits_pack(codes, *, k: int, n: int, bits: int, block_size: int,
     for name, v in (("K", k), ("N", n), ("K in whole blocks", blocks * block_size)):
         _c_int(name, v)
     shape = (n, blocks, block_size * bits // 8)
-    if out is None:
-        out = np.empty(shape, np.uint8)
-    else:
-        if (not isinstance(out, np.ndarray) or out.dtype != np.uint8 or not out.flags.c_contiguous
-                or not out.flags.writeable or out.size != math.prod(shape)):
-            raise ValueError(f"out must be a writable C-contiguous uint8 array of {math.prod(shape)} "
-                             f"bytes, got {getattr(out, 'dtype', type(out))} {list(getattr(out, 'shape', []))}")
-        if np.may_share_memory(out, codes):
-            raise ValueError("out must not overlap codes")
+    if (isinstance(out, np.ndarray) and out.flags.c_contiguous
+            and out.size == math.prod(shape)):  # any shape of B's size (a released array's)
         out = out.reshape(shape)
+    out = _output(out, shape, codes, dtype=np.uint8)
     if out.size:
         lib.matmul_nbits_pack(ffi.from_buffer("uint8_t[]", codes),
                               ffi.from_buffer("uint8_t[]", out), k, n, bits, block_size,
@@ -1174,14 +1170,7 @@ def matmul_nbits_scales(scales, out=None) -> np.ndarray:
     blocks, n = scales.shape
     for name, v in (("blocks", blocks), ("N", n)):
         _c_int(name, v)
-    if out is None:
-        out = np.empty((n, blocks), np.float32)
-    elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (n, blocks)
-          or not out.flags.c_contiguous or not out.flags.writeable):
-        raise ValueError(f"out must be a writable C-contiguous float32 array of shape {[n, blocks]}, "
-                         f"got {getattr(out, 'dtype', type(out))} {list(getattr(out, 'shape', []))}")
-    elif np.may_share_memory(out, scales):
-        raise ValueError("out must not overlap scales")
+    out = _output(out, (n, blocks), scales)
     if out.size:
         lib.matmul_nbits_scales(ffi.from_buffer("float[]", scales), ffi.from_buffer("float[]", out),
                                 blocks, n)

@@ -264,7 +264,7 @@ class Plan:
         """A run: compiled where it can be (a Profiler's run too, timed by the step table),
         else step by step in Python (always with an observer, a checker or another kind of
         profiler hook)."""
-        if profiler is not None and isinstance(profiler, Profiler):
+        if isinstance(profiler, Profiler):
             return self._profiled_run(feeds, observer, profiler, checker)
         feeds = {name: normalize(value) for name, value in feeds.items()}
         if self.c_steps is not None and observer is None and profiler is None and checker is None:

@@ -85,15 +85,17 @@ def test_pack_and_scales_into_given_arrays():
     got = kernels.matmul_nbits_pack(codes, k=64, n=128, bits=4, block_size=32, out=out)
     assert np.shares_memory(got, out)
     np.testing.assert_array_equal(got, expected)
-    for bad, error in [(np.empty(expected.size + 1, np.uint8), "writable C-contiguous uint8"),
-                       (np.empty(expected.size // 4, np.float32), "writable C-contiguous uint8"),
-                       (np.empty(expected.size, np.uint8)[::-1], "writable C-contiguous uint8"),
+    for bad, error in [(np.empty(expected.size + 1, np.uint8), "shape"),
+                       (np.empty(expected.size, np.uint8)[::-1], "shape"),
                        (codes, "overlap")]:
         with pytest.raises(ValueError, match=error):
             kernels.matmul_nbits_pack(codes, k=64, n=128, bits=4, block_size=32, out=bad)
+    with pytest.raises(TypeError, match="uint8"):
+        kernels.matmul_nbits_pack(codes, k=64, n=128, bits=4, block_size=32,
+                                  out=np.empty(expected.size // 4, np.float32))
     frozen = np.empty(expected.size, np.uint8)
     frozen.setflags(write=False)
-    with pytest.raises(ValueError, match="writable"):
+    with pytest.raises(ValueError, match="writeable"):
         kernels.matmul_nbits_pack(codes, k=64, n=128, bits=4, block_size=32, out=frozen)
     both = np.zeros(2 * codes.size, np.uint8)
     both[:codes.size] = codes
