@@ -72,13 +72,13 @@ class WeightStore:
     def release(self, tensor: TensorProto) -> None:
         """Drop a stub's array at once: a pass that has replaced the tensor, while it still
         works (retain drops it only once the pass is done)."""
-        if is_stub(tensor) and _stub_entries(tensor)["store"] == self.token:
-            self.arrays.pop(_stub_entries(tensor)["key"], None)
+        if is_stub(tensor) and (entries := _stub_entries(tensor))["store"] == self.token:
+            self.arrays.pop(entries["key"], None)
 
     def retain(self, model: ModelProto) -> None:
         """Drop the arrays that no stub of `model`'s main graph names (a pass replaced them)."""
-        used = {_stub_entries(t)["key"] for t in model.graph.initializer
-                if is_stub(t) and _stub_entries(t)["store"] == self.token}
+        used = {entries["key"] for t in model.graph.initializer
+                if is_stub(t) and (entries := _stub_entries(t))["store"] == self.token}
         for key in [k for k in self.arrays if k not in used]:
             del self.arrays[key]
 
