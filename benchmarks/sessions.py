@@ -14,8 +14,10 @@ returns, per op type, the number of node events and their mean total microsecond
 Ours times its normal (compiled) run, a fused chain's time split evenly among its nodes
 (optimized/plan.py Profiler).
 
-    python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes]   # both runtimes' profiles,
-                                          # by op type (or op type and input shapes), top first
+    python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes] [--pause SECONDS]
+                                          # both runtimes' profiles, by op type (or op type and
+                                          # input shapes), top first; with a sleep before each
+                                          # run (the suite's rounds pause 0.1 s: caches go cold)
     python -m benchmarks.sessions MODEL THREADS --creation   # where one more session's creation
                                           # spends its CPU time (cProfile, by cumulative time)
     python -m benchmarks.sessions MODEL THREADS [REPEATS] --phases   # median CPU of creation
@@ -111,10 +113,12 @@ def workload(name: str, create, make_profiled, version: str, phases: tuple = (),
     data = model.SerializeToString()
     session, first, creation = timed_creations(lambda: create(data))
 
-    def profile(runs: int = 10, by_shape: bool = False) -> dict:
+    def profile(runs: int = 10, by_shape: bool = False, pause: float = 0.0) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             profiled = make_profiled(data, str(Path(tmp) / "profile"))
             for _ in range(runs + WARM_UPS):  # the runs summarised come last
+                if pause:
+                    time.sleep(pause)
                 profiled.run(None, feeds)
             return profile_summary(profiled.end_profiling(), runs, by_shape)
 
@@ -272,9 +276,21 @@ def main(argv: list[str]) -> int:
 
     by_shape, creation, phases = "--shapes" in argv, "--creation" in argv, "--phases" in argv
     argv = [a for a in argv if a not in ("--shapes", "--creation", "--phases")]
+    pause = 0.0
+    if "--pause" in argv:
+        at = argv.index("--pause")
+        try:
+            pause = float(argv[at + 1]) if at + 1 < len(argv) else -1.0
+        except ValueError:
+            pause = -1.0
+        argv = argv[:at] + argv[at + 2:]
+    if pause < 0:
+        print("--pause takes a number of seconds to sleep before each profiled run",
+              file=sys.stderr)
+        return 2
     if len(argv) not in (2, 3):
         print("usage: python -m benchmarks.sessions MODEL THREADS [RUNS] [--shapes] "
-              "[--creation | --phases]", file=sys.stderr)
+              "[--pause SECONDS] [--creation | --phases]", file=sys.stderr)
         return 2
     name, threads, runs = argv[0], int(argv[1]), int(argv[2]) if len(argv) == 3 else 10
     specs = [WorkerSpec("optimized", "benchmarks.sessions:optimized", (name, threads)),
@@ -290,8 +306,9 @@ def main(argv: list[str]) -> int:
                 print(f"{runtime}, {name}, {threads} thread(s), one more session's creation:")
                 print(format_creation(pair.command(runtime, "creation_profile")))
                 continue
-            print(f"{runtime}, {name}, {threads} thread(s), mean of {runs} runs:")
-            print(format_profile(pair.command(runtime, "profile", runs, by_shape)))
+            after = f", each after a {pause:g} s sleep" if pause else ""
+            print(f"{runtime}, {name}, {threads} thread(s), mean of {runs} runs{after}:")
+            print(format_profile(pair.command(runtime, "profile", runs, by_shape, pause)))
     return 0
 
 
