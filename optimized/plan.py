@@ -29,6 +29,7 @@ from reference.registry import OpContext, canonical_domain, lookup
 from reference.values import normalize
 
 from . import chains, kernels, onednn_region
+from .huge_page_memory import huge_page_buffer
 from .output_memory import OutputMemory
 
 log = logging.getLogger(__name__)
@@ -880,7 +881,7 @@ class CompiledRun:
         for s in self.inside:
             host, at = self._host(s)
             offsets[s] = offsets[host] + at
-        self.arena = np.empty(top, np.uint8)
+        self.arena = huge_page_buffer(top)  # a cold TLB walks a huge page per 2 MiB
         self.views: dict[int, np.ndarray] = {}
         for s, offset in offsets.items():
             shape, dtype = rec.specs[s]
