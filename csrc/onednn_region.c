@@ -103,6 +103,7 @@ typedef struct {
     int act, copy_residual, pool, ties_nhwc, nhwc; /* nhwc: an entry or exit transposed by us */
     float alpha, beta;
     int64_t *ties; /* conv: per output channel the channel it copies (its tied twin), or NULL */
+    int64_t *tie_runs, n_tie_runs; /* ties as copy_tied_channels' runs (NHWC) */
     int64_t geometry[8]; /* pools: k_h, k_w, stride_h, stride_w, pad_top, pad_left, out_h, out_w */
     dnnl_primitive_t prim;
     dnnl_memory_t from, to, weights, bias; /* handles set per run (weights and bias owned) */
@@ -248,6 +249,8 @@ int onednn_region_entry(onednn_region *r, int64_t value, const int64_t *dims)
     return 0;
 }
 
+static int64_t tie_runs(const int64_t *ties, int64_t channels, int64_t **runs);
+
 /* geometry as onednn_conv_create's: batch, in_c, in_h, in_w, out_c, k_h, k_w, group, stride_h,
  * stride_w, pad_top, pad_left, pad_bottom, pad_right, dil_h, dil_w, out_h, out_w. */
 int onednn_region_conv(onednn_region *r, int64_t src, int64_t residual, int64_t dst,
@@ -338,6 +341,8 @@ int onednn_region_conv(onednn_region *r, int64_t src, int64_t residual, int64_t 
         op->ties = malloc((size_t)g[4] * sizeof *op->ties);
         REQUIRE(op->ties != NULL, "out of memory");
         memcpy(op->ties, ties, (size_t)g[4] * sizeof *op->ties);
+        op->n_tie_runs = tie_runs(ties, g[4], &op->tie_runs);
+        REQUIRE(op->n_tie_runs >= 0, "out of memory");
     }
     CHECK(dnnl.dnnl_memory_create(&op->from, src_md, engine, DNNL_MEMORY_NONE), "memory");
     CHECK(dnnl.dnnl_memory_create(&op->to, dst_md, engine, DNNL_MEMORY_NONE), "memory");
@@ -707,8 +712,12 @@ static void pool_nhwc(const region_op *op, const float *x, const int64_t *in_dim
 }
 
 /* Each channel c of y set to channel ties[c] (equal filters give equal channels, as the
- * reference's Conv makes them), y NHWC or nchw. */
-static void copy_tied_channels(float *y, const int64_t *dims, const int64_t *ties, int nhwc)
+ * reference's Conv makes them), y NHWC or nchw.  In NHWC the copies of a pixel go as runs
+ * (tie_runs): a source broadcast over consecutive twins, or consecutive sources copied over
+ * consecutive twins; a source channel is never a copy itself (ties[ties[c]] == ties[c]), so
+ * runs never overlap their sources and their order is free. */
+static void copy_tied_channels(float *y, const int64_t *dims, const int64_t *ties,
+                               const int64_t *runs, int64_t n_runs, int nhwc)
 {
     int64_t batch = dims[0], channels = dims[1], plane = dims[2] * dims[3];
     if (!nhwc) {
@@ -719,13 +728,46 @@ static void copy_tied_channels(float *y, const int64_t *dims, const int64_t *tie
                            (size_t)plane * sizeof(float));
         return;
     }
-    /* a source channel is never a copy itself (ties[ties[c]] == ties[c]), so order is free */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (batch * plane * channels > 32768)
     for (int64_t p = 0; p < batch * plane; ++p) {
         float *cell = y + p * channels;
-        for (int64_t c = 0; c < channels; ++c)
-            cell[c] = cell[ties[c]];
+        for (int64_t k = 0; k < n_runs; ++k) {
+            const int64_t *run = runs + 4 * k; /* first twin, count, source, broadcast */
+            float *to = cell + run[0];
+            if (run[3]) {
+                float v = cell[run[2]];
+                for (int64_t i = 0; i < run[1]; ++i)
+                    to[i] = v;
+            } else {
+                memcpy(to, cell + run[2], (size_t)run[1] * sizeof(float));
+            }
+        }
     }
+}
+
+/* ties as runs for copy_tied_channels, 4 words each (first twin, count, source, broadcast);
+ * the number of runs, or -1 out of memory. */
+static int64_t tie_runs(const int64_t *ties, int64_t channels, int64_t **runs)
+{
+    *runs = malloc((size_t)(channels + 1) * 4 * sizeof **runs);
+    if (*runs == NULL)
+        return -1;
+    int64_t n = 0;
+    for (int64_t c = 0; c < channels;) {
+        if (ties[c] == c) {
+            ++c;
+            continue;
+        }
+        int64_t end = c + 1;
+        int broadcast = end < channels && ties[end] == ties[c];
+        while (end < channels && ties[end] != end
+               && ties[end] == (broadcast ? ties[c] : ties[c] + (end - c)))
+            ++end;
+        int64_t *run = *runs + 4 * n++;
+        run[0] = c, run[1] = end - c, run[2] = ties[c], run[3] = broadcast;
+        c = end;
+    }
+    return n;
 }
 
 /* Per pixel, each input's channels one after another (NHWC inputs, NHWC y of all channels). */
@@ -798,7 +840,8 @@ static int run_locked(onednn_region *r, const float *const *inputs, float *const
             }
             if (op->ties != NULL) {
                 if (dnnl.dnnl_stream_wait(stream) != dnnl_success) return -1;
-                copy_tied_channels(buffer_of(r, op->out), y->dims, op->ties, op->ties_nhwc);
+                copy_tied_channels(buffer_of(r, op->out), y->dims, op->ties, op->tie_runs,
+                                   op->n_tie_runs, op->ties_nhwc);
             }
             break;
         }
@@ -877,6 +920,7 @@ void onednn_region_destroy(onednn_region *r)
         region_op *op = &r->ops[i];
         if (op->prim != NULL) dnnl.dnnl_primitive_destroy(op->prim);
         free(op->ties);
+        free(op->tie_runs);
         dnnl_memory_t mems[] = {op->from, op->to, op->weights, op->bias};
         for (size_t k = 0; k < sizeof mems / sizeof mems[0]; ++k)
             if (mems[k] != NULL)

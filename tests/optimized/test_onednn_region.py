@@ -229,6 +229,34 @@ def test_tied_filters_give_equal_channels():
     assert (y == y[:, :1]).all() and (r == r[:, :1]).all() and None not in planned(sess)
 
 
+def test_mixed_tied_filters_give_their_sources_channels():
+    """Ties that are not all one filter: twins of one source side by side (copied as one
+    broadcast), a run of sources repeated (copied as one block), and twins apart; each channel
+    bitwise equal to its source's and all of them the reference's."""
+    rng = np.random.default_rng(5)
+    distinct = (rng.uniform(-1, 1, (5, 10, 3, 3)) / 9).astype(np.float32)
+    source = np.array([0, 1, 2, 0, 1, 2, 3, 3, 3, 4, 1, 4, 0, 2, 3])
+    bias = rng.uniform(-0.5, 0.5, 5).astype(np.float32)
+    w2 = (rng.uniform(-1, 1, (6, 15, 1, 1)) / 4).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 0, 1, 0]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], kernel_shape=[1, 1])]
+    m = model(nodes, [numpy_helper.from_array(distinct[source], "w"),
+                      numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(bias[source], "b")],
+              [2, 10, 9, 7], ["y", "r"])
+    x = rng.uniform(-1, 1, (2, 10, 9, 7)).astype(np.float32)
+    x[1, 3, 4, 2] = np.nan  # NaN kept through the conv, Relu and copies to the twins
+    sess = session(m)
+    y, r = run_compiled(sess, {"x": x})
+    first = [int(np.flatnonzero(source == s)[0]) for s in source]
+    np.testing.assert_array_equal(r, r[:, first])
+    assert np.isnan(r[1, :, 3:6, 1:4]).any(axis=(1, 2)).all()
+    assert None not in planned(sess) and region_steps(sess)
+    want = ReferenceEvaluator(m).run(None, {"x": x})
+    np.testing.assert_allclose(y, want[0], rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(r, want[1], rtol=1e-4, atol=2e-5)
+
+
 @st.composite
 def chain_cases(draw):
     return {
