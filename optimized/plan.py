@@ -92,15 +92,17 @@ class Plan:
         self._attributes: dict[int, tuple] = {}  # id(node) -> (node, static_attributes)
         self._outer: dict[int, tuple] = {}  # id(node) -> (node, _outer_slots)
         names: list[str] = []
-        self.index: dict[str, int] = {}
+        index: dict[str, int] = {}
+        self.index = index
 
         def slot(name: str) -> int:
             if not name:
                 return ABSENT
-            if name not in self.index:
-                self.index[name] = len(names)
+            found = index.get(name)
+            if found is None:
+                found = index[name] = len(names)
                 names.append(name)
-            return self.index[name]
+            return found
 
         self.template: list = []
         for name, value in self.evaluator.initial_values().items():
@@ -177,12 +179,12 @@ class Plan:
         asks three times a node)."""
         cached = self._attributes.get(id(node))
         if cached is None or cached[0] is not node:
-            if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
-                   for a in node.attribute):
-                attrs = None
-            else:
-                domain = canonical_domain(node.domain)
-                schema = schema_for(node.op_type, self.opsets.get(domain, 0), domain)
+            domain = canonical_domain(node.domain)
+            opset = self.opsets.get(domain, 0)
+            attrs = _plain_attributes(node, opset, domain)
+            if attrs is None and not any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+                                         for a in node.attribute):
+                schema = schema_for(node.op_type, opset, domain)
                 attrs = self._runner.attributes(node, Scope(), (), None, schema)
             cached = self._attributes[id(node)] = (node, attrs)
         return cached[1]
@@ -399,6 +401,69 @@ class Plan:
             return runner.call_op(step.node, list(_trim(values)), scope, self.opsets, (), None)
 
         return run
+
+
+_NOT_PLAIN = object()
+
+
+def _plain_value(a):
+    """An attribute of a plain type as the reference's GraphRunner.attribute_value gives it,
+    else _NOT_PLAIN (subgraphs, tensors, references to a function's attributes)."""
+    kind = a.type
+    if a.ref_attr_name:
+        return _NOT_PLAIN
+    if kind == AttributeProto.INT:
+        return a.i
+    if kind == AttributeProto.FLOAT:
+        return a.f
+    if kind == AttributeProto.INTS:
+        return [int(i) for i in a.ints]
+    if kind == AttributeProto.FLOATS:
+        return [float(f) for f in a.floats]
+    if kind == AttributeProto.STRING:
+        return a.s.decode("utf-8", errors="surrogateescape")
+    if kind == AttributeProto.STRINGS:
+        return [s.decode("utf-8", errors="surrogateescape") for s in a.strings]
+    return _NOT_PLAIN
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_defaults(op_type: str, opset: int, domain: str) -> tuple | None:
+    """The schema's attribute defaults as (name, value) pairs, in the schema's order (none
+    without a schema: our fused ops, com.microsoft's); None with a default of another type
+    (then the reference converts them). onnx builds a new schema object and parses every
+    default on each get_schema, or raises for a missing one, once per node before this cache
+    (a few microseconds a node)."""
+    schema = schema_for(op_type, opset, domain)
+    if schema is None:
+        return ()
+    defaults = []
+    for name, spec in schema.attributes.items():
+        if spec.default_value.type == AttributeProto.UNDEFINED:
+            continue
+        value = _plain_value(spec.default_value)
+        if value is _NOT_PLAIN:
+            return None
+        defaults.append((name, value))
+    return tuple(defaults)
+
+
+def _plain_attributes(node, opset: int, domain: str) -> dict | None:
+    """A node's attributes with its schema's defaults, when all are of plain types (the same
+    dict the reference's GraphRunner.attributes makes); else None."""
+    attrs = {}
+    for a in node.attribute:
+        value = _plain_value(a)
+        if value is _NOT_PLAIN:
+            return None
+        attrs[a.name] = value
+    defaults = _schema_defaults(node.op_type, opset, domain)
+    if defaults is None:
+        return None
+    for name, value in defaults:
+        if name not in attrs:
+            attrs[name] = list(value) if isinstance(value, list) else value
+    return attrs
 
 
 @functools.lru_cache(maxsize=1024)

@@ -6,9 +6,13 @@ import weakref
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import AttributeProto, TensorProto, helper
 
 import optimized as ort
+from optimized.plan import Plan
+from reference.evaluator import GraphRunner, ReferenceEvaluator, Scope
+from reference.functions import schema_for
+from reference.registry import canonical_domain
 
 
 def _model_bytes():
@@ -101,3 +105,70 @@ def test_a_dropped_session_frees_its_plan_without_a_garbage_collection(collectio
     plan = weakref.ref(session._plan)
     del session
     assert plan() is None
+
+
+def _attribute_model():
+    """Nodes whose attributes cover each plain type, schema defaults of each kind (a string, an
+    int, a float, ints, strings), ops without an onnx schema, a tensor, a reference to a
+    function's attribute, and a subgraph."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    reference = helper.make_attribute_ref("alpha", AttributeProto.FLOAT)
+    leaky_ref = helper.make_node("LeakyRelu", ["x"], ["r"])
+    leaky_ref.attribute.append(reference)
+    branch = helper.make_graph([helper.make_node("Identity", ["x"], ["b"])], "branch", [],
+                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1], pads=[0, 0, 0, 0]),
+        helper.make_node("LeakyRelu", ["c"], ["l"]),
+        helper.make_node("LeakyRelu", ["l"], ["l2"], alpha=0.25),
+        helper.make_node("MeanVarianceNormalization", ["l2"], ["m"]),
+        helper.make_node("MeanVarianceNormalization", ["m"], ["m2"]),
+        helper.make_node("RNN", ["s", "rw", "rr"], ["o"], hidden_size=4),
+        helper.make_node("Cast", ["m2"], ["k"], to=TensorProto.DOUBLE, saturate=0),
+        helper.make_node("FusedConv", ["x", "w"], ["f"], domain="com.microsoft",
+                         activation="LeakyRelu", activation_params=[0.5]),
+        helper.make_node("Custom", ["x"], ["u"], domain="test.custom", names=["a", "é"],
+                         scale=2.5, label="z"),
+        helper.make_node("ConstantOfShape", ["shape"], ["t"],
+                         value=helper.make_tensor("v", TensorProto.FLOAT, [1], [3.0])),
+        leaky_ref,
+        helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=branch),
+    ]
+    graph = helper.make_graph(nodes, "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                   helper.make_opsetid("com.microsoft", 1),
+                                                   helper.make_opsetid("test.custom", 1)])
+
+
+def _runner_attributes(evaluator, node):
+    domain = canonical_domain(node.domain)
+    schema = schema_for(node.op_type, evaluator.opsets.get(domain, 0), domain)
+    return GraphRunner(evaluator, lambda result: None).attributes(node, Scope(), (), None, schema)
+
+
+def test_the_plan_reads_attributes_as_the_reference_does():
+    """The plan converts plain attributes and schema defaults itself (once per op and opset
+    for the defaults); every node's must equal the reference runner's, value and type."""
+    model = _attribute_model()
+    evaluator = ReferenceEvaluator(model, check=False)
+    plan = Plan(model, {}, evaluator)
+    for node in model.graph.node:
+        got = plan.static_attributes(node)
+        if node.op_type == "If":
+            assert got is None
+            continue
+        want = _runner_attributes(evaluator, node)
+        assert list(got) == list(want), node.op_type
+        for name, value in want.items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(got[name], value)
+            else:
+                assert got[name] == value and type(got[name]) is type(value), (node.op_type, name)
+    conv, leaky, leaky_given, mvn, mvn2, rnn = (plan.static_attributes(n)
+                                                 for n in model.graph.node[:6])
+    assert conv["auto_pad"] == "NOTSET" and conv["group"] == 1
+    assert leaky["alpha"] == pytest.approx(0.01) and leaky_given["alpha"] == 0.25
+    assert mvn["axes"] == [0, 2, 3] and rnn["activations"] == ["Tanh", "Tanh"]
+    mvn["axes"].append(9)  # a node's default list is its own, not shared with its op's others
+    assert mvn2["axes"] == [0, 2, 3]
