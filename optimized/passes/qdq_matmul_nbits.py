@@ -62,6 +62,7 @@ CODE_TYPES = {TensorProto.INT4: (4, True), TensorProto.UINT4: (4, False),
 # MatMulNBits block size for a weight quantized per channel or per tensor: few scales, and
 # little padding past K
 WHOLE_K_BLOCK = 128
+HUGE_PAGE = 2 << 20  # bytes, x86-64's transparent huge pages
 
 
 def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -249,9 +250,10 @@ def _reusable_memory(array: np.ndarray) -> np.ndarray | None:
 
 def _nbits_weights(graph, constants, held: dict[str, tuple], match: Match, taken: set[str],
                    spare: dict[int, np.ndarray]):
-    """MatMulNBits's weight inputs (new initializers) and attributes for a match; the codes are
-    repacked into a spare array of their size, if any (its pages are touched already: fresh
-    ones fault in one by one, which cost as much as the repacking itself)."""
+    """MatMulNBits's weight inputs (new initializers) and attributes for a match; the codes and
+    scales are written into spare arrays of their sizes, if any (their pages are touched
+    already: fresh ones fault in one by one, which cost as much as the repacking itself), else
+    into fresh memory that huge pages back."""
     block = _nbits_block(match.dq_block, match.k)
     blocks = -(-match.k // block)
     dq_of = np.arange(blocks) * block // match.dq_block  # the DequantizeLinear block of each
@@ -259,12 +261,16 @@ def _nbits_weights(graph, constants, held: dict[str, tuple], match: Match, taken
     same = blocks == -(-match.k // match.dq_block)  # the DequantizeLinear's own blocks
     per_block = _per_block(held[scale_name][1] if scale_name in held
                            else tensor_array(constants[scale_name]), match)
-    scales = _transposed_scales(per_block if same else per_block[dq_of], spare)
+    per_block = per_block if same else per_block[dq_of]
+    contiguous = per_block.flags.c_contiguous  # else _transposed_scales copies them
+    sizes = [match.n * blocks * block * match.bits // 8] + [per_block.nbytes] * contiguous
+    outputs = _outputs(spare, *sizes)
+    scales = _transposed_scales(per_block, outputs[1] if contiguous else None)
     weight = held.get(match.weight)
     codes = kernels.matmul_nbits_pack(
         _raw_codes(constants[match.weight], match.bits, weight), k=match.k, n=match.n,
         bits=match.bits, block_size=block, transposed=match.transposed, signed=match.signed,
-        out=spare.pop(match.n * blocks * block * match.bits // 8, None))
+        out=outputs[0])
     zero_points = _nbits_zero_points(constants[zp_name] if zp_name else None, held.get(zp_name),
                                      match, blocks, None if same else dq_of)
     base, store = match.weight, None if weight is None else weight[0]
@@ -275,14 +281,33 @@ def _nbits_weights(graph, constants, held: dict[str, tuple], match: Match, taken
     return names, {"K": match.k, "N": match.n, "bits": match.bits, "block_size": block}
 
 
-def _transposed_scales(per_block: np.ndarray, spare: dict[int, np.ndarray]) -> np.ndarray:
-    """Scales [blocks, N] as MatMulNBits's [N, blocks] (in a spare array of their size, if any):
-    a copy only where they are [blocks, N] in memory (a transposed weight's are [N, blocks]
-    already)."""
+def _outputs(spare: dict[int, np.ndarray], *sizes: int) -> list[np.ndarray]:
+    """Writable uint8 memory of each size: a spare array of that size where there is one, the
+    rest carved out of one fresh allocation that starts on a huge page (NumPy asks the kernel
+    for transparent huge pages on allocations of 4 MiB and up, which it gives only to whole
+    aligned 2 MiB ranges; a 4 KiB page faults in on its own, ~4 us on the benchmark's VM: a
+    4096-wide linear's first codes and scales took 1000 faults). The fresh memory past the
+    last size, up to the next 2 MiB, may be backed too, and is never used."""
+    outputs = [spare.pop(size, None) for size in sizes]
+    fresh = [i for i, out in enumerate(outputs) if out is None]
+    offsets = np.cumsum([0] + [-(-sizes[i] // 64) * 64 for i in fresh]).tolist()
+    if offsets[-1] >= 2 * HUGE_PAGE:
+        memory = np.empty(offsets[-1] + HUGE_PAGE, np.uint8)
+        memory = memory[-memory.ctypes.data % HUGE_PAGE:]
+    else:
+        memory = np.empty(offsets[-1], np.uint8)
+    for i, at in zip(fresh, offsets):
+        outputs[i] = memory[at:at + sizes[i]]
+    return outputs
+
+
+def _transposed_scales(per_block: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Scales [blocks, N] as MatMulNBits's [N, blocks], written into `out` (uint8 memory of
+    their size) where they are [blocks, N] in memory; a transposed weight's are [N, blocks]
+    already, and are copied."""
     if per_block.flags.c_contiguous:
-        out = spare.pop(per_block.nbytes, None)
-        return kernels.matmul_nbits_scales(per_block, out=None if out is None else out.view(
-            np.float32).reshape(per_block.shape[::-1]))
+        return kernels.matmul_nbits_scales(
+            per_block, out=out.view(np.float32).reshape(per_block.shape[::-1]))
     return np.ascontiguousarray(per_block.T)
 
 

@@ -445,6 +445,23 @@ def test_reusable_memory_only_where_nothing_else_sees_it():
     assert _reusable_memory(np.frombuffer(bytes(16384), np.float32)) is None  # model bytes
 
 
+def test_outputs_from_spares_else_one_fresh_allocation_on_a_huge_page():
+    """A spare array of a size is taken (and leaves the spares); the other sizes share one
+    fresh allocation, which starts on a 2 MiB boundary when it is large, without overlaps."""
+    from optimized.passes.qdq_matmul_nbits import HUGE_PAGE, _outputs
+
+    spare_memory = np.zeros(3000, np.uint8)
+    spare = {3000: spare_memory, 10: np.zeros(10, np.uint8)}
+    codes, scales, zero_points = _outputs(spare, 5 << 20, 3000, 100)
+    assert scales is spare_memory and set(spare) == {10}
+    assert [codes.nbytes, zero_points.nbytes] == [5 << 20, 100]
+    assert codes.ctypes.data % HUGE_PAGE == 0 and codes.flags.writeable
+    assert not np.shares_memory(codes, zero_points) and np.shares_memory(codes.base, zero_points)
+    small, other = _outputs({}, 100, 24)
+    assert (small.nbytes, other.nbytes) == (100, 24) and not np.shares_memory(small, other)
+    assert other.ctypes.data % 4 == 0  # each starts on a 64-byte step: a float view fits
+
+
 @pytest.mark.parametrize("given", ["file", "bytes", "walked bytes", "ModelProto", "add_initializer"])
 def test_what_the_user_holds_is_never_written(given, monkeypatch, tmp_path):
     """Whatever the user keeps of the model (its bytes and a NumPy view of them, the ModelProto,
