@@ -20,6 +20,7 @@ from .conv_bn_folding import fold_conv_batchnorm
 from .cse import eliminate_common_subexpressions
 from .dead_code import eliminate_dead_code
 from .fuse_bias_activation import fuse_bias_activation
+from .gate_up_halves import fuse_gate_up_halves
 from .gelu_fusion import fuse_gelu
 from .gqa_fusion import fuse_grouped_attention
 from .identity_elimination import eliminate_identities
@@ -42,9 +43,15 @@ class Pass(NamedTuple):
     # ai.onnx op types of which the main graph must hold one for the pass to change anything
     # (each pattern it matches starts at such a node); empty: it always runs
     anchors: frozenset[str] = frozenset()
+    # ai.onnx op types of which the main graph must hold each (every pattern it matches has
+    # them all), so that a model without one costs the pass nothing
+    requires: frozenset[str] = frozenset()
     # the rewrite helps only the CPU provider's kernels (the CUDA provider would run its nodes
     # on the host), so it runs only for a session on the CPU provider alone
     cpu_only: bool = False
+    # the name of an earlier pass of the same function: this one does not run while the model
+    # is still what that pass left as it was (the same bytes would give the same nothing)
+    repeats: str = ""
 
 
 # in the order they run; the transformer fusions go before the generic ones, which would
@@ -59,20 +66,24 @@ PASSES: list[Pass] = [
     Pass("identity_elimination", 1, eliminate_identities),
     Pass("cse", 1, eliminate_common_subexpressions),
     Pass("dead_code", 1, eliminate_dead_code),
-    Pass("layer_norm_fusion", 2, fuse_layer_norm, anchors=frozenset({"ReduceMean"})),
+    Pass("layer_norm_fusion", 2, fuse_layer_norm, anchors=frozenset({"ReduceMean"}),
+         requires=frozenset({"ReduceMean", "Sub", "Sqrt"})),
     Pass("rms_norm_fusion", 2, fuse_rms_norm, anchors=frozenset({"ReduceMean"})),
     Pass("gelu_fusion", 2, fuse_gelu, anchors=frozenset({"Erf", "Tanh"})),
     Pass("silu_mlp_fusion", 2, fuse_silu_mlp, anchors=frozenset({"Sigmoid"})),
-    Pass("attention_fusion", 2, fuse_attention, anchors=frozenset({"Softmax"})),
+    Pass("gate_up_halves", 2, fuse_gate_up_halves, anchors=frozenset({"Slice", "Split"})),
+    Pass("attention_fusion", 2, fuse_attention, anchors=frozenset({"Softmax"}),
+         requires=frozenset({"Softmax", "MatMul", "Transpose"})),
     Pass("rotary_fusion", 2, fuse_rotary, anchors=frozenset({"Neg"})),
     Pass("gqa_fusion", 2, fuse_grouped_attention, anchors=frozenset({"Softmax"})),
     Pass("conv_bn_folding", 2, fold_conv_batchnorm, anchors=frozenset({"BatchNormalization"})),
-    Pass("conv_affine_folding", 2, fold_conv_affine, anchors=frozenset({"Conv"})),
+    Pass("conv_affine_folding", 2, fold_conv_affine, anchors=frozenset({"Mul", "Add"}),
+         requires=frozenset({"Conv"})),
     Pass("batchnorm_to_affine", 2, batchnorm_to_affine, anchors=frozenset({"BatchNormalization"})),
     Pass("matmul_add_to_gemm", 2, matmul_add_to_gemm, anchors=frozenset({"MatMul"})),
     Pass("fuse_bias_activation", 2, fuse_bias_activation,
          anchors=frozenset({"Conv", "Gemm", "MatMul"})),
-    Pass("dead_code_after_fusion", 2, eliminate_dead_code),
+    Pass("dead_code_after_fusion", 2, eliminate_dead_code, repeats="dead_code"),
     Pass("weight_packing", 99, pack_matmul_weights, uses_store=True,
          anchors=frozenset({"MatMul"}), cpu_only=True),
 ]
@@ -95,12 +106,15 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
     with shared_inference(), weights_into(store), working_copy(model) as working:
         present = op_types(working.model)
         stored = {t.name for t in working.model.graph.initializer}
+        unchanged_at: dict[str, int] = {}  # pass name -> the version it left as it was
         for p in PASSES:
-            if (p.level <= level and (for_cpu or not p.cpu_only)
-                    and not (p.anchors and p.anchors.isdisjoint(present))):
+            if _runs(p, level, for_cpu, present) and not (
+                    p.repeats and unchanged_at.get(p.repeats) == working.version):
                 model = working.model
                 rewritten = p.function(model, store) if p.uses_store else p.function(model)
-                if working.update(rewritten):
+                if not working.update(rewritten):
+                    unchanged_at[p.name] = working.version
+                else:
                     present = op_types(rewritten)
                     if store is not None:
                         stored = _store_weights(rewritten, store, stored)
@@ -108,6 +122,13 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
             detach_initializers(working.model, store)
             store.retain(working.model)
         return working.model
+
+
+def _runs(p: Pass, level: int, for_cpu: bool, present: set[str]) -> bool:
+    """Whether pass `p` runs on a model whose main graph holds the op types `present`."""
+    return (p.level <= level and (for_cpu or not p.cpu_only)
+            and not (p.anchors and p.anchors.isdisjoint(present))
+            and p.requires <= present)
 
 
 def _store_weights(model: onnx.ModelProto, store: WeightStore, before: set[str]) -> set[str]:
