@@ -44,6 +44,12 @@ from benchmarks import models
 from benchmarks.isolated import Workload
 
 CREATION_REPEATS = 3
+# --phases sleeps this long before timing each runtime's creations: the worker built just before
+# has spinning pool threads (onnxruntime's, 2 threads, mobilenet_v3_small: 20-40 ms of CPU in
+# the 100 ms after its creations, then none), which took the cores of the creations timed next
+# on a busy machine (ours then read 31 ms of CPU at 2 threads against 20 at 1, with no thread
+# of ours but the creating one)
+QUIET_SECONDS = 1.0
 # an optimized session's creation by phase, as (module, function, label): the session looks
 # each one up when it is called, so a wrapper put in its place times every call of it
 OPTIMIZED_PHASES = (("optimized.session", "load_for_session", "load"),
@@ -138,7 +144,8 @@ def workload(name: str, create, make_profiled, version: str, phases: tuple = (),
 def creation_phases(create, repeats: int, phases: tuple = (),
                     passes: tuple | None = None) -> dict:
     """Median CPU seconds (process time) of `repeats` calls of `create`, with no profiler: in
-    all, in each of `phases` ((module, function, label), see OPTIMIZED_PHASES), in the
+    all, in the creating thread alone ("all, creating thread": a runtime's pool threads left
+    spinning by an earlier run or session count in "all" only), in each of `phases` ((module, function, label), see OPTIMIZED_PHASES), in the
     garbage collections that landed inside it and, with `passes` ((module, list attribute):
     entries with .name and .function, see OPTIMIZED_PASSES), in each pass that ran, slowest
     first, and in "passes: between" them ({label: seconds}, "all" first)."""
@@ -172,9 +179,10 @@ def creation_phases(create, repeats: int, phases: tuple = (),
         listed[:] = [p._replace(function=timed(p.function, f"pass {p.name}")) for p in kept]
         for _ in range(repeats):
             spent.clear()
-            start = time.process_time()
+            start, own = time.process_time(), time.thread_time()
             create()
             samples["all"].append(time.process_time() - start)
+            samples["all, creating thread"].append(time.thread_time() - own)
             for label in [p[2] for p in phases] + ["garbage collection"]:
                 samples[label].append(spent.get(label, 0.0))
             if passes:
@@ -298,6 +306,7 @@ def main(argv: list[str]) -> int:
     with IsolatedPair(specs) as pair:
         for runtime in pair.names:
             if phases:
+                time.sleep(QUIET_SECONDS)
                 print(f"{runtime}, {name}, {threads} thread(s), median CPU of {runs} more "
                       f"sessions' creation:")
                 print(format_phases(pair.command(runtime, "creation_phases", runs)))

@@ -43,11 +43,34 @@ PHASES = ((__name__, "_spin", "spin"), (__name__, "_unused", "unused"),
 
 def test_phases_split_the_creation_and_name_its_garbage_collections():
     phases = creation_phases(_create, 3, PHASES)
-    assert list(phases) == ["all", "spin", "unused", "passes", "garbage collection"]
+    assert list(phases) == ["all", "all, creating thread", "spin", "unused", "passes",
+                            "garbage collection"]
     assert 0 < phases["spin"] <= phases["all"] * 1.01
+    assert 0 < phases["all, creating thread"] <= phases["all"] * 1.01
     assert phases["unused"] == 0
     assert 0 < phases["garbage collection"] <= phases["all"] * 1.01
     assert "garbage collection" in format_phases(phases)
+
+
+def test_other_threads_count_in_all_only():
+    """CPU that another thread of the process burns meanwhile (a pool left spinning) is in
+    "all", not in the creating thread's share."""
+    import threading
+
+    busy = threading.Event()
+
+    def _create_beside_a_spinning_thread():
+        busy.clear()
+        other = threading.Thread(target=lambda: [_spin(50_000) for _ in iter(busy.is_set, True)])
+        other.start()
+        try:
+            _spin(300_000)
+        finally:
+            busy.set()
+            other.join()
+
+    phases = creation_phases(_create_beside_a_spinning_thread, 3, ())
+    assert phases["all, creating thread"] < phases["all"]
 
 
 def test_the_timed_functions_are_put_back():
