@@ -148,9 +148,7 @@ AVX2 static void pack4_pairs_avx2(const uint8_t *restrict src, uint8_t *restrict
  * source rows: a block's 32-row tiles are first copied whole into `tile` (a source row's 64
  * bytes are one cache line, read once; rows src_row apart share few L1 sets), transposed from
  * there into `out` (128 weight rows by 64 bytes), which then goes to the weight rows as whole
- * lines.  On a 4096 x 4096 weight, 3.6 -> 2.6 ms against pack4_pairs_avx2 alone (cold caches).
- * The chunks are split across the session's threads (kernels_get_num_threads: one on a busy
- * machine), which share no byte of source or weight: 2.3 ms wall at two threads. */
+ * lines.  On a 4096 x 4096 weight, 3.6 -> 2.6 ms against pack4_pairs_avx2 alone (cold caches). */
 enum { CHUNK_ROWS = 512 };
 AVX2 static void pack4_blocks_avx2(const uint8_t *restrict src, uint8_t *restrict dst,
                                    size_t src_row, size_t row_bytes, uint8_t flip, int k32,
@@ -158,12 +156,10 @@ AVX2 static void pack4_blocks_avx2(const uint8_t *restrict src, uint8_t *restric
 {
     const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8((char)0xF0);
     const __m256i flip2 = _mm256_set1_epi8((char)(flip | flip << 4));
-    int chunks = (k32 + CHUNK_ROWS - 1) / CHUNK_ROWS, threads = kernels_get_num_threads();
-    PARALLEL_FOR(chunks < threads ? chunks : threads,
-    for (int c = 0; c < chunks; ++c) {
-      _Alignas(64) uint8_t tile[32][64];
-      _Alignas(64) uint8_t out[128][64];
-      int c0 = c * CHUNK_ROWS, c1 = k32 - c0 < CHUNK_ROWS ? k32 : c0 + CHUNK_ROWS;
+    _Alignas(64) uint8_t tile[32][64];
+    _Alignas(64) uint8_t out[128][64];
+    for (int c0 = 0; c0 < k32; c0 += CHUNK_ROWS) {
+      int c1 = k32 - c0 < CHUNK_ROWS ? k32 : c0 + CHUNK_ROWS;
       for (size_t p0 = 0; p0 < p64; p0 += 64) {
         uint8_t *rows = dst + 2 * p0 * row_bytes;
         for (int g0 = c0; g0 < c1; g0 += 128) {
@@ -207,7 +203,7 @@ AVX2 static void pack4_blocks_avx2(const uint8_t *restrict src, uint8_t *restric
             }
         }
       }
-    });
+    }
 }
 
 /* 8-bit codes: source rows [0, k16) (a multiple of 16) by columns [0, n32) (a multiple of

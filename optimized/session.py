@@ -106,11 +106,6 @@ class InferenceSession:
         from .providers import CUDA, select
 
         self._providers, self._provider_options = select(providers, provider_options)
-        from .cpu import set_num_threads
-        from .kernels import available_cpus
-
-        # the passes' C kernels (QDQ weights' repacking) run on the session's threads too
-        set_num_threads(self._options.intra_op_num_threads or available_cpus())
         self._model = self._rewrite(original, for_cpu=CUDA not in self._providers)
         del original  # its weights are the store's; the rewritten model is what runs
         self._evaluator = ReferenceEvaluator(self._model, check=False)

@@ -58,13 +58,6 @@ def test_pack_4bit_whole_tiles_and_edges(k, n):
     check_pack(k, n, 32, signed=True, seed=k * n)
 
 
-@pytest.mark.parametrize("k,n", [(1100, 130), (1536, 64)])
-def test_pack_4bit_split_across_threads(k, n, threads):
-    """Chunks of 512 source rows on two threads (three chunks, the last short; or two whole)."""
-    threads(2)
-    check_pack(k, n, 32, signed=False, seed=k + n)
-
-
 @settings(max_examples=40, deadline=None)
 @given(blocks=st.integers(1, 40), n=st.integers(1, 300), seed=st.integers(0, 2**16))
 def test_scales_are_transposed(blocks, n, seed):
