@@ -223,7 +223,8 @@ int gqa_f32(const float *q, const int64_t *q_strides, const float *k, const floa
  *                     f[0] epsilon
  *   PLAN_RMSNORM      rmsnorm_last_f32: in x, skip, bias, scale; out y, sum, inv_rms; n rows,
  *                     cols; f[0] epsilon
- *   PLAN_SILU_MUL     silu_mul_f32 of two arrays: n[0] rows, n[1] cols
+ *   PLAN_SILU_MUL     silu_mul_f32: n[0] rows, n[1] cols, n[2] row stride of gate and up (0:
+ *                     n[1]), up n[3] floats past in[1] (a fused gate_up: in[0] = in[1])
  *   PLAN_REDUCE_LAST  reduce_last_f32: code kind, n[0] rows, n[1] cols
  *   PLAN_COPY         n[0] bytes from in[0] to out[0] (no overlap)
  *   PLAN_STRIDED_COPY out[0] (contiguous) = in[0][n[0] + sum i_d * g[6 + d]] over shape g[0..5],

@@ -156,7 +156,8 @@ static int run_step(const plan_step *s, void *const *slots)
                          (size_t)s->n[1], s->f[0]);
         return 0;
     case PLAN_SILU_MUL:
-        silu_mul_f32(IN(0), IN(1), OUT(0), (size_t)s->n[0], (size_t)s->n[1], (size_t)s->n[1]);
+        silu_mul_f32(IN(0), (const float *)IN(1) + s->n[3], OUT(0), (size_t)s->n[0],
+                     (size_t)s->n[1], (size_t)(s->n[2] ? s->n[2] : s->n[1]));
         return 0;
     case PLAN_REDUCE_LAST:
         reduce_last_f32(s->code, IN(0), OUT(0), (size_t)s->n[0], (size_t)s->n[1]);

@@ -18,6 +18,7 @@ from reference.registry import lookup
 
 from . import decoder_ops, kernels
 from .passes.fuse_bias_activation import CONV_HARD_SWISH
+from .passes.gate_up_halves import SILU_MUL_HALVES
 from .passes.gqa_fusion import CAUSAL_PADDING_MASK, GROUPED_ATTENTION, GROUPED_ATTENTION_MASKED
 from .passes.rotary_fusion import ROTARY, ROTARY_INTERLEAVED
 from .passes.silu_mlp_fusion import FUSED_DOMAIN, SILU_MUL
@@ -433,6 +434,15 @@ def silu_mul(gate, up):
     return mul(mul(gate, sigmoid(gate)), up)
 
 
+def silu_mul_halves(gate_up):
+    """silu_mul of gate_up's two halves along its last axis (gate_up_halves' function), read
+    in place by the kernel; other types run as silu_mul does."""
+    if isinstance(gate_up, np.ndarray) and gate_up.dtype == np.float32 and gate_up.ndim >= 1:
+        return kernels.silu_mul(gate_up)
+    half = np.shape(gate_up)[-1] // 2
+    return silu_mul(gate_up[..., :half], gate_up[..., half:])
+
+
 # quantized weights ---------------------------------------------------------------------------
 def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K=0, N=0, bits=4,
                  block_size=0, accuracy_level=0, weight_prepacked=0):
@@ -486,6 +496,7 @@ KERNELS = {
     (MS, "SimplifiedLayerNormalization"): simplified_layer_normalization,
     (MS, "SkipSimplifiedLayerNormalization"): skip_simplified_layer_normalization,
     (FUSED_DOMAIN, SILU_MUL): silu_mul,
+    (FUSED_DOMAIN, SILU_MUL_HALVES): silu_mul_halves,
     (FUSED_DOMAIN, ROTARY): decoder_ops.rotary,
     (FUSED_DOMAIN, ROTARY_INTERLEAVED): decoder_ops.rotary_interleaved,
     (FUSED_DOMAIN, GROUPED_ATTENTION): decoder_ops.grouped_attention,
@@ -716,6 +727,14 @@ def _silu_mul_steps(ins, outs):
     if gate.shape != up.shape:
         return None
     return [kernels.silu_mul_step(gate.slot, up.slot, outs[0].slot, gate.shape)]
+
+
+@_described
+def _silu_mul_halves_steps(ins, outs):
+    gate_up = ins[0]
+    if len(gate_up.shape) < 1 or gate_up.shape[-1] % 2:
+        return None
+    return [kernels.silu_mul_halves_step(gate_up.slot, outs[0].slot, gate_up.shape)]
 
 
 def _declining(fn):
@@ -1113,6 +1132,7 @@ C_STEPS = {
     (MS, "SimplifiedLayerNormalization"): _rms_norm_steps,
     (MS, "SkipSimplifiedLayerNormalization"): _skip_rms_norm_steps,
     (FUSED_DOMAIN, SILU_MUL): _silu_mul_steps,
+    (FUSED_DOMAIN, SILU_MUL_HALVES): _silu_mul_halves_steps,
     ("", "Reshape"): _view_steps(1),
     ("", "Flatten"): _view_steps(),
     ("", "Squeeze"): _view_steps(1),

@@ -1553,6 +1553,16 @@ def silu_mul_step(gate: int, up: int, y: int, shape) -> dict:
     return _step(lib.PLAN_SILU_MUL, [gate, up], [y], n=[math.prod(shape[:-1]), shape[-1], 0, 0])
 
 
+def silu_mul_halves_step(gate_up: int, y: int, shape) -> dict:
+    """As silu_mul(gate_up): the halves of gate_up (of `shape`) read where they lie."""
+    if len(shape) < 1 or shape[-1] % 2:
+        raise ValueError(f"gate_up's last axis must be even to split in halves, got {list(shape)}")
+    _nonempty(shape)
+    cols = shape[-1] // 2
+    return _step(lib.PLAN_SILU_MUL, [gate_up, gate_up], [y],
+                 n=[math.prod(shape[:-1]), cols, shape[-1], cols])
+
+
 def copy_step(x: int, y: int, nbytes: int) -> dict:
     """y = x, nbytes of it (y does not overlap x)."""
     if nbytes <= 0:

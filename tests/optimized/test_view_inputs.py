@@ -20,8 +20,10 @@ from onnx import TensorProto, helper
 from optimized import InferenceSession, SessionOptions, chains, kernels
 from optimized.cpu import KERNELS
 from optimized.passes.fuse_bias_activation import conv_hard_swish_function
+from optimized.passes.gate_up_halves import silu_mul_halves_function
 from optimized.passes.gqa_fusion import causal_padding_mask_function, grouped_attention_function
 from optimized.passes.rotary_fusion import rotary_function
+from optimized.passes.silu_mlp_fusion import fuse_silu_mlp
 from optimized.passes.weight_packing import packed_matmul_function
 from optimized.plan import Plan
 from reference import ReferenceEvaluator
@@ -124,6 +126,7 @@ CASES = {
     (MS, "SkipSimplifiedLayerNormalization"): ([rand(0, *XR), rand(1, *XR), rand(2, 10),
                                                 rand(3, 10)], {"epsilon": 1e-3}),
     ("onnx_parity.fused", "SiluMul"): ([rand(0, *XR), rand(1, *XR)], {}),
+    ("onnx_parity.fused", "SiluMulHalves"): ([rand(0, 2, 3, 14)], {}),
     # 4-bit weights: B (N, blocks, block_size / 2) bytes, scales and packed zero points per block
     (MS, "MatMulNBits"): ([rand(0, 2, 5, NBITS_K), codes(1, NBITS_N, 3, NBITS_BLOCK // 2),
                           rand(2, NBITS_N * 3), codes(3, NBITS_N * 2), None, rand(4, NBITS_N)],
@@ -181,6 +184,7 @@ FUNCTIONS = {
         "GroupedAttentionMasked", 23),
     (FUSED, "PackedMatMul"): lambda: packed_matmul_function(23),
     (FUSED, "CausalPaddingMask"): lambda: causal_padding_mask_function(23),
+    (FUSED, "SiluMulHalves"): lambda: silu_mul_halves_function(23),
 }
 
 
@@ -378,6 +382,8 @@ def test_exporter_style_models_feed_views_into_fast_steps(name, receiver):
     options = SessionOptions()
     options.graph_optimization_level = 2
     model = InferenceSession(MODELS[name]().SerializeToString(), options).optimized_model
+    if name.startswith("phi3"):  # level 2 now reads the halves in place (gate_up_halves):
+        model = fuse_silu_mlp(MODELS[name]())  # SiluMul of the Split's halves, as before it
     plan = Plan(model, KERNELS, fuse_chains=True)
     seen = []
     for step in plan.steps:
