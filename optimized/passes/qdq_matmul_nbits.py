@@ -263,7 +263,9 @@ def _nbits_weights(graph, constants, held: dict[str, tuple], match: Match, taken
                            else tensor_array(constants[scale_name]), match)
     per_block = per_block if same else per_block[dq_of]
     contiguous = per_block.flags.c_contiguous  # else _transposed_scales copies them
-    sizes = [match.n * blocks * block * match.bits // 8] + [per_block.nbytes] * contiguous
+    repacked_zero_points = bool(zp_name) and match.layout == "blocks" and same
+    sizes = ([match.n * blocks * block * match.bits // 8] + [per_block.nbytes] * contiguous
+             + [_zero_points_pack_bytes(match, blocks)] * repacked_zero_points)
     outputs = _outputs(spare, *sizes)
     scales = _transposed_scales(per_block, outputs[1] if contiguous else None)
     weight = held.get(match.weight)
@@ -272,7 +274,8 @@ def _nbits_weights(graph, constants, held: dict[str, tuple], match: Match, taken
         bits=match.bits, block_size=block, transposed=match.transposed, signed=match.signed,
         out=outputs[0])
     zero_points = _nbits_zero_points(constants[zp_name] if zp_name else None, held.get(zp_name),
-                                     match, blocks, None if same else dq_of)
+                                     match, blocks, None if same else dq_of,
+                                     outputs[-1] if repacked_zero_points else None)
     base, store = match.weight, None if weight is None else weight[0]
     names = [_add(graph, f"{base}_nbits", codes, taken, store),
              _add(graph, f"{base}_nbits_scales", scales, taken, store)]
@@ -311,14 +314,20 @@ def _transposed_scales(per_block: np.ndarray, out: np.ndarray | None = None) -> 
     return np.ascontiguousarray(per_block.T)
 
 
+def _zero_points_pack_bytes(match: Match, blocks: int) -> int:
+    """The size of matmul_nbits_pack's result on blockwise zero points (as codes [blocks, N] in
+    MatMulNBits blocks of 16)."""
+    return match.n * -(-blocks // 16) * 16 * match.bits // 8
+
+
 def _nbits_zero_points(tensor, held: tuple | None, match: Match, blocks: int,
-                       dq_of) -> np.ndarray | None:
+                       dq_of, out: np.ndarray | None = None) -> np.ndarray | None:
     """MatMulNBits's packed zero points [N, blocks] for the DequantizeLinear's (moved by
     2^(bits - 1) when signed), or None where each is MatMulNBits's default 2^(bits - 1).
     Blockwise ones in the DequantizeLinear's own blocks are repacked from their raw bytes as
     the codes are (the same layout: [blocks, N] to rows of N, first block in the low nibble);
     dq_of: the DequantizeLinear block of each MatMulNBits block, when they differ; held:
-    (weight store, array) for a stub."""
+    (weight store, array) for a stub; out: memory for the repacked ones."""
     offset = 1 << (match.bits - 1)
     if tensor is None:  # DequantizeLinear's default zero point, 0
         return None if match.signed else _packed_zero_points(
@@ -327,7 +336,7 @@ def _nbits_zero_points(tensor, held: tuple | None, match: Match, blocks: int,
         row = (blocks * match.bits + 7) // 8
         packed = kernels.matmul_nbits_pack(
             _raw_codes(tensor, match.bits, held), k=blocks, n=match.n, bits=match.bits,
-            block_size=16, transposed=match.transposed, signed=match.signed,
+            block_size=16, transposed=match.transposed, signed=match.signed, out=out,
         ).reshape(match.n, -1)[:, :row]
         default = _packed_zero_points(np.full((1, blocks), offset), match.bits)
         return None if (packed == default).all() else np.ascontiguousarray(packed)

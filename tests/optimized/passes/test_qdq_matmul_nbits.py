@@ -395,15 +395,16 @@ def same_size_chain(rng, elem=TensorProto.UINT4, k=256, n=256):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
 
-def test_model_file_with_weights_of_one_size(tmp_path):
+@pytest.mark.parametrize("k", [256, 512])
+def test_model_file_with_weights_of_one_size(tmp_path, k):
     """Loaded from a file, each weight's codes are read into arrays of their own, and the pass
     repacks a later weight's codes and scales into the memory of those it has released (codes,
     scales and zero points of one size in three layers: each array is reused or freed, never
-    shared). The result is the bytes-loaded session's, bit for bit, and the reference's on
-    the QDQ graph within MatMulNBits's rounding."""
+    shared; at K 512 the repacked zero points too, into the memory of released ones). The
+    result is the bytes-loaded session's, bit for bit, and the reference's on the QDQ graph
+    within MatMulNBits's rounding."""
     rng = np.random.default_rng(5)
-    k = 256
-    model = same_size_chain(rng)
+    model = same_size_chain(rng, k=k, n=k)
     path = tmp_path / "chain.onnx"
     onnx.save(model, path)
     a = rng.standard_normal((3, k), dtype=np.float32)
