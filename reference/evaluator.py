@@ -289,12 +289,14 @@ def _as_onnxruntime_accepts(model: ModelProto) -> ModelProto:
 def validate(model: ModelProto) -> None:
     """onnx's checker, except that an op which the installed onnx no longer defines at that
     version (deprecated, or experimental in an old release) is accepted when we implement it.
-    Before it, the graph's structure (reference/loading.py names cycles and undefined values);
-    after it, every op must have an implementation, as onnxruntime checks at load."""
-    check_graph_structure(model.graph)
+    When it refuses the model, the graph's structure is checked first (reference/loading.py
+    names cycles and undefined values; a graph it passes has every value defined once and
+    before its readers, which is all that walk checks); after it, every op must have an
+    implementation, as onnxruntime checks at load."""
     try:
         onnx.checker.check_model(_as_onnxruntime_accepts(model))
     except Exception as e:
+        check_graph_structure(model.graph)
         m = _UNKNOWN_OP.search(str(e))
         if m:
             op_type = m.group(1) or m.group(3)
