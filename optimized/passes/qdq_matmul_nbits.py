@@ -45,7 +45,6 @@ from reference.weights import (
 )
 
 from .. import kernels
-from ..huge_page_memory import huge_page_buffer
 from ._graph import (
     MS_DOMAIN,
     attr,
@@ -63,6 +62,7 @@ CODE_TYPES = {TensorProto.INT4: (4, True), TensorProto.UINT4: (4, False),
 # MatMulNBits block size for a weight quantized per channel or per tensor: few scales, and
 # little padding past K
 WHOLE_K_BLOCK = 128
+HUGE_PAGE = 2 << 20  # bytes, x86-64's transparent huge pages
 
 
 def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -286,13 +286,21 @@ def _nbits_weights(graph, constants, held: dict[str, tuple], match: Match, taken
 
 def _outputs(spare: dict[int, np.ndarray], *sizes: int) -> list[np.ndarray]:
     """Writable uint8 memory of each size: a spare array of that size where there is one, the
-    rest carved out of one fresh huge_page_buffer (a 4 KiB page faults in on its own, ~4 us on
-    the benchmark's VM: a 4096-wide linear's first codes and scales took 1000 faults). Each
-    starts on a 64-byte step."""
+    rest carved out of one fresh allocation that starts on a huge page (NumPy asks the kernel
+    for transparent huge pages on allocations of 4 MiB and up, which it gives only to whole
+    aligned 2 MiB ranges; a 4 KiB page faults in on its own, ~4 us on the benchmark's VM: a
+    4096-wide linear's first codes and scales took 1000 faults). Not huge_page_memory's
+    buffer, which rounds up to whole huge pages: the last one, mostly unused, raised the
+    linears' peak by 1.8 MB (here the memory past the last size faults in only where the
+    kernel can back a whole aligned 2 MiB inside the allocation)."""
     outputs = [spare.pop(size, None) for size in sizes]
     fresh = [i for i, out in enumerate(outputs) if out is None]
     offsets = np.cumsum([0] + [-(-sizes[i] // 64) * 64 for i in fresh]).tolist()
-    memory = huge_page_buffer(offsets[-1])
+    if offsets[-1] >= 2 * HUGE_PAGE:
+        memory = np.empty(offsets[-1] + HUGE_PAGE, np.uint8)
+        memory = memory[-memory.ctypes.data % HUGE_PAGE:]
+    else:
+        memory = np.empty(offsets[-1], np.uint8)
     for i, at in zip(fresh, offsets):
         outputs[i] = memory[at:at + sizes[i]]
     return outputs

@@ -448,10 +448,8 @@ def test_reusable_memory_only_where_nothing_else_sees_it():
 
 def test_outputs_from_spares_else_one_fresh_allocation_on_a_huge_page():
     """A spare array of a size is taken (and leaves the spares); the other sizes share one
-    fresh allocation, which starts on a 2 MiB boundary when it is large (huge_page_buffer),
-    without overlaps."""
-    from optimized.huge_page_memory import HUGE_PAGE
-    from optimized.passes.qdq_matmul_nbits import _outputs
+    fresh allocation, which starts on a 2 MiB boundary when it is large, without overlaps."""
+    from optimized.passes.qdq_matmul_nbits import HUGE_PAGE, _outputs
 
     spare_memory = np.zeros(3000, np.uint8)
     spare = {3000: spare_memory, 10: np.zeros(10, np.uint8)}
