@@ -356,6 +356,9 @@ int onednn_region_concat(onednn_region *r, const int64_t *srcs, int64_t count, i
 int onednn_region_pool(onednn_region *r, int64_t src, int64_t dst, int kind,
                        const int64_t *geometry);
 int onednn_region_exit(onednn_region *r, int64_t value);
+int onednn_region_set_threads(onednn_region *r, int threads);
+int onednn_region_attach_single(onednn_region *r, onednn_region *single);
+long long onednn_region_single_runs(const onednn_region *r);
 int onednn_region_finish(onednn_region *r);
 int onednn_region_run(onednn_region *r, const float *const *inputs, float *const *outputs);
 int onednn_region_run_slots(onednn_region *r, void *const *slots, const int32_t *slot_ids);

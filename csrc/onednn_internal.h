@@ -15,7 +15,8 @@
     X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)                                          \
     X(dnnl_convolution_forward_primitive_desc_create) X(dnnl_reorder_primitive_desc_create)       \
     X(dnnl_primitive_desc_query_md) X(dnnl_primitive_desc_query) X(dnnl_primitive_desc_destroy)   \
-    X(dnnl_primitive_create) X(dnnl_primitive_execute) X(dnnl_primitive_destroy)
+    X(dnnl_primitive_create) X(dnnl_primitive_execute) X(dnnl_primitive_destroy)                  \
+    X(dnnl_memory_get_memory_desc)
 
 /* The library's entry points with the CPU engine and the stream every oneDNN run uses. */
 struct onednn_api {

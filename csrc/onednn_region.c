@@ -56,6 +56,9 @@ int onednn_region_concat(onednn_region *r, const int64_t *srcs, int64_t count, i
 int onednn_region_pool(onednn_region *r, int64_t src, int64_t dst, int kind, const int64_t *geometry)
 { (void)r, (void)src, (void)dst, (void)kind, (void)geometry; return -1; }
 int onednn_region_exit(onednn_region *r, int64_t value) { (void)r, (void)value; return -1; }
+int onednn_region_set_threads(onednn_region *r, int threads) { (void)r, (void)threads; return -1; }
+int onednn_region_attach_single(onednn_region *r, onednn_region *single) { (void)r, (void)single; return -1; }
+long long onednn_region_single_runs(const onednn_region *r) { (void)r; return -1; }
 int onednn_region_finish(onednn_region *r) { (void)r; return -1; }
 int onednn_region_run(onednn_region *r, const float *const *inputs, float *const *outputs)
 { (void)r, (void)inputs, (void)outputs; return -1; }
@@ -107,6 +110,7 @@ typedef struct {
     int64_t geometry[8]; /* pools: k_h, k_w, stride_h, stride_w, pad_top, pad_left, out_h, out_w */
     dnnl_primitive_t prim;
     dnnl_memory_t from, to, weights, bias; /* handles set per run (weights and bias owned) */
+    int weights_borrowed; /* weights are the multi-thread twin's (onednn_region_attach_single) */
 } region_op;
 
 typedef struct {
@@ -124,6 +128,10 @@ struct onednn_region {
     size_t *buffer_bytes;
     int threads, finished;
     pthread_mutex_t lock;
+    /* the same region planned for one thread (owned), run in its place when the kernels fall
+     * back to the calling thread on a busy machine; NULL at one thread */
+    struct onednn_region *single;
+    long long runs; /* runs of this region itself (not through its twin) */
 };
 
 #define CHECK(call, what)                                                                          \
@@ -500,6 +508,55 @@ int onednn_region_pool(onednn_region *r, int64_t src, int64_t dst, int kind, con
     return status;
 }
 
+/* The threads a region is planned for, before any op is added (its primitives split their
+ * work for that many threads). */
+int onednn_region_set_threads(onednn_region *r, int threads)
+{
+    if (r->n_ops != 0 || threads < 1 || threads > r->threads) {
+        snprintf(last_error, sizeof last_error,
+                 "threads are set before any op, between 1 and the configured %d", r->threads);
+        return -1;
+    }
+    r->threads = threads;
+    return 0;
+}
+
+/* single (the same ops, planned for one thread, finished) runs in r's place when the kernels
+ * fall back to one thread; r owns it from here.  Weights laid out alike are r's, shared. */
+int onednn_region_attach_single(onednn_region *r, onednn_region *single)
+{
+    if (r->finished != 1 || single->finished != 1 || r->single != NULL || single->single != NULL
+        || single->threads != 1 || single->n_ops != r->n_ops) {
+        snprintf(last_error, sizeof last_error, "a single-thread twin is a finished region of "
+                 "the same ops planned for one thread, attached once");
+        return -1;
+    }
+    for (int64_t i = 0; i < r->n_ops; ++i) {
+        region_op *a = &r->ops[i], *b = &single->ops[i];
+        if (a->kind != b->kind) {
+            snprintf(last_error, sizeof last_error, "the twin's op %lld differs", (long long)i);
+            return -1;
+        }
+        if (a->kind != OP_CONV)
+            continue;
+        const_dnnl_memory_desc_t ma = NULL, mb = NULL;
+        if (dnnl.dnnl_memory_get_memory_desc(a->weights, &ma) == dnnl_success
+            && dnnl.dnnl_memory_get_memory_desc(b->weights, &mb) == dnnl_success
+            && dnnl.dnnl_memory_desc_equal(ma, mb)) {
+            dnnl.dnnl_memory_destroy(b->weights);
+            b->weights = a->weights, b->weights_borrowed = 1;
+        }
+    }
+    r->single = single;
+    return 0;
+}
+
+/* How often r's single-thread twin ran in its place, or -1 without one. */
+long long onednn_region_single_runs(const onednn_region *r)
+{
+    return r->single != NULL ? __atomic_load_n(&r->single->runs, __ATOMIC_RELAXED) : -1;
+}
+
 int onednn_region_exit(onednn_region *r, int64_t value)
 {
     if (!valid(r, value, 1))
@@ -624,6 +681,7 @@ int onednn_region_finish(onednn_region *r)
     }
     r->finished = 1;
     status = 0;
+    omp_set_num_threads(kernels_configured_threads()); /* a one-thread twin's planning set 1 */
 fail:
     if (plain != NULL)
         dnnl.dnnl_memory_desc_destroy(plain);
@@ -891,8 +949,11 @@ int onednn_region_run(onednn_region *r, const float *const *inputs, float *const
         snprintf(last_error, sizeof last_error, "the region is not finished");
         return -1;
     }
+    if (r->single != NULL && kernels_get_num_threads() < r->threads)
+        return onednn_region_run(r->single, inputs, outputs);
     pthread_mutex_lock(&r->lock);
     omp_set_num_threads(r->threads);
+    ++r->runs;
     int status = run_locked(r, inputs, outputs);
     pthread_mutex_unlock(&r->lock);
     return status;
@@ -916,12 +977,13 @@ void onednn_region_destroy(onednn_region *r)
 {
     if (r == NULL)
         return;
+    onednn_region_destroy(r->single);
     for (int64_t i = 0; i < r->n_ops; ++i) {
         region_op *op = &r->ops[i];
         if (op->prim != NULL) dnnl.dnnl_primitive_destroy(op->prim);
         free(op->ties);
         free(op->tie_runs);
-        dnnl_memory_t mems[] = {op->from, op->to, op->weights, op->bias};
+        dnnl_memory_t mems[] = {op->from, op->to, op->weights_borrowed ? NULL : op->weights, op->bias};
         for (size_t k = 0; k < sizeof mems / sizeof mems[0]; ++k)
             if (mems[k] != NULL)
                 dnnl.dnnl_memory_destroy(mems[k]);

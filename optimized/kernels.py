@@ -769,17 +769,33 @@ class OneDNNRegion:
     finish(); planned for the shapes given and the current thread count.  Raises RuntimeError
     when oneDNN is unavailable or refuses an op, ValueError for a bad argument."""
 
-    def __init__(self, values: int):
+    def __init__(self, values: int, threads: int | None = None):
+        """threads: at most the configured count (the default), 1 for a single-thread twin."""
         reason = onednn_unavailable()
         if reason is not None:
             raise RuntimeError(f"oneDNN region unavailable: {reason}")
         handle = lib.onednn_region_create(values)
         self._check(handle != ffi.NULL)
         self._handle = ffi.gc(handle, lib.onednn_region_destroy)
+        if threads is not None:
+            self._check(lib.onednn_region_set_threads(self._handle, threads) == 0)
         self.shapes: dict[int, tuple] = {}
         self.inputs: list[int] = []
         self.outputs: list[int] = []
-        self.threads = get_num_threads()
+        self.threads = get_num_threads() if threads is None else threads
+
+    def attach_single(self, twin: "OneDNNRegion") -> None:
+        """twin (the same ops, finished, planned for one thread) runs in this region's place
+        when the kernels fall back to the calling thread on a busy machine; the region owns
+        it from here (twin's handle is not to be used again)."""
+        self._check(lib.onednn_region_attach_single(self._handle, twin._handle) == 0)
+        ffi.gc(twin._handle, None)  # freed with this region's
+        twin._handle = None
+
+    @property
+    def single_runs(self) -> int:
+        """How often the single-thread twin ran in this region's place; -1 without one."""
+        return lib.onednn_region_single_runs(self._handle)
 
     @staticmethod
     def _check(ok: bool) -> None:

@@ -29,6 +29,17 @@ copy (per node, Concat is in place).  Tried and dropped (s24): Relu as oneDNN's 
 alpha 0 (x > 0 ? x : 0 * (exp(x) - 1) keeps NaN, where its relu, clip and clip_v2 post-ops give
 0), in place of the pass: light_squeezenet with regions, CPU ms, 11.51 and 11.60 against 11.49
 and 11.72 without it; light_inception_v2 63.6 and 64.6 against 53.1 and 57.7 (load 5-7).
+s25: tied channels (the light models' equal filters) were copied per pixel channel by channel,
+5.4% of squeezenet's samples with regions; as runs (a broadcast or a block per pixel) 1.1%.
+Then, CPU ms at 1 thread, one process with both sessions, runs alternated, medians (load 1-7),
+with regions / without: light_squeezenet 9.51 / 9.35, 9.67 / 9.55, 9.53 / 9.39 (1.01-1.02);
+light_inception_v2 46.1 / 48.1, 57.5 / 58.2 (0.96-0.99); light_resnet50 101.9 / 107.7,
+100.0 / 111.0, 110.2 / 117.1 (0.90-0.95); light_densenet121 89.1 / 87.1, 93.6 / 93.0 (1.01-1.02);
+light_vgg19 514 / 503, 506 / 493 (1.02-1.03).  A region planned for 2 threads also kept both
+threads on a busy machine, where per-node convolutions fall back to the calling thread
+(threads.c): resnet50 at 2 threads, load 5-6, 358 and 607 ms CPU a run against 124-133 without
+regions.  It now carries a twin planned for one thread (its weights shared where laid out
+alike) that runs in its place then: 104 and 118 against 116 and 126 (load 4.5-5).
 The earlier nChw8c variant (jit:avx2 / jit_1x1:avx2, not brgconv) measured on a quiet
 machine, with regions / without, ms: 1 thread: resnet50 103.4 / 102.8, densenet121 92.7 / 85.1,
 inception_v2 53.8 / 52.3, squeezenet 11.5 / 12.9, vgg19 514.9 / 510.5; 2 threads: resnet50
@@ -259,6 +270,16 @@ class RegionRun:
         return None if region is None else [region.step(self.entries, self.exits)]
 
     def _build(self, shapes: tuple):
+        """The region planned for the configured threads; above one, with a twin planned for
+        one thread, which runs in its place when the kernels fall back to the calling thread
+        on a busy machine (as per-node convolutions do: a team's barrier waits milliseconds for
+        a core there)."""
+        region = self._build_for(shapes, None)
+        if region.threads > 1:
+            region.attach_single(self._build_for(shapes, 1))
+        return region
+
+    def _build_for(self, shapes: tuple, threads: int | None):
         value_of: dict[int, int] = {}
 
         def value(slot: int) -> int:
@@ -270,7 +291,7 @@ class RegionRun:
             for s in step.outputs:
                 if s >= 0:
                     value(s)
-        region = kernels.OneDNNRegion(len(value_of))
+        region = kernels.OneDNNRegion(len(value_of), threads)
         for s, shape in zip(self.entries, shapes):
             region.entry(value_of[s], shape)
         for step in self.steps:

@@ -1,6 +1,10 @@
 """NHWC regions (optimized/onednn_region.py, kernels.OneDNNRegion, csrc/onednn_region.c):
 groups of convolutions, activations, adds, concats and pools run in NHWC as
 one step, checked against the reference evaluator on whole models and op by op."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import assume, example, given, settings
@@ -318,6 +322,64 @@ def test_bad_descriptions_are_named():
     with pytest.raises(ValueError, match="equal shapes"):
         region.conv(0, -1, 1, np.ones((4, 8, 3, 3), np.float32))
         region.add(0, 1, 2)
+
+
+BUSY_PROBE = """
+import numpy as np
+from optimized import kernels
+from tests.optimized.test_onednn_region import bottleneck, fire, region_steps, run_compiled, session
+for build, shape in ((bottleneck, (2, 12, 9, 7)), (fire, (1, 16, 11, 9))):
+    x = np.random.default_rng(3).uniform(-1, 1, shape).astype(np.float32)
+    one, two = session(build(), 1), session(build(), 2)
+    same = all(np.array_equal(a, b) for a, b in zip(run_compiled(one, {"x": x}),
+                                                    run_compiled(two, {"x": x}, runs=6)))
+    region = next(r for r in region_steps(two)[0].run._planned.values())
+    print(int(same), region.single_runs)
+"""
+
+
+@pytest.mark.parametrize("setting, twin_runs", [("0", True), ("ignore", False)])
+def test_a_busy_machine_runs_the_single_thread_twin(setting, twin_runs):
+    """A region planned for 2 threads runs its one-thread twin where the kernels fall back to
+    the calling thread (threads.c's busy check; per-node convolutions do the same), since
+    oneDNN's primitives split their work for the team they were built for; same bits."""
+    environment = dict(os.environ, ONNX_PARITY_BUSY_MACHINE=setting,
+                       ONNX_PARITY_ONEDNN_REGIONS="1")
+    done = subprocess.run([sys.executable, "-c", BUSY_PROBE], env=environment, cwd=os.getcwd(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    for line in done.stdout.split("\n")[:2]:
+        same, runs = map(int, line.split())
+        # the step table runs from the third run on: 4 compiled runs of 6
+        assert same == 1 and (runs >= 4 if twin_runs else runs == 0), done.stdout
+
+
+def test_single_thread_twin_is_checked():
+    kernels.set_num_threads(1)
+    with pytest.raises(RuntimeError, match="between 1 and the configured"):
+        kernels.OneDNNRegion(2, threads=2)
+    kernels.set_num_threads(2)
+    try:
+        regions = []
+        for threads in (None, 1, 1):
+            region = kernels.OneDNNRegion(2, threads)
+            region.entry(0, (1, 8, 5, 5))
+            region.activation(0, 1, "Relu")
+            region.exit(1)
+            regions.append(region)
+        main, twin, unfinished = regions
+        main.finish()
+        twin.finish()
+        with pytest.raises(RuntimeError, match="single-thread twin"):
+            main.attach_single(unfinished)
+        assert main.single_runs == -1
+        main.attach_single(twin)
+        x = np.full((1, 8, 5, 5), -1.0, np.float32)
+        x[0, 3, 2, 1] = np.nan
+        y = main(x)[0]
+        assert (y[0, :3] == 0).all() and np.isnan(y[0, 3, 2, 1]) and main.single_runs in (0, 1)
+    finally:
+        kernels.set_num_threads(1)
 
 
 def test_residual_that_is_the_convolutions_own_source():
