@@ -52,6 +52,12 @@ class Pass(NamedTuple):
     # the name of an earlier pass of the same function: this one does not run while the model
     # is still what that pass left as it was (the same bytes would give the same nothing)
     repeats: str = ""
+    # it reads shapes followed through the graph (Shapes(..., data_prop=True)) and its anchors
+    # are rare outside the graphs it rewrites: where it runs, every pass's shape inference
+    # follows them from the start, so one inference serves each version of the graph
+    # (gqa_fusion asks too, but its Softmax is in every attention graph, where the other
+    # passes need no data propagation and it would cost them more)
+    data_prop: bool = False
 
 
 # in the order they run; the transformer fusions go before the generic ones, which would
@@ -75,7 +81,7 @@ PASSES: list[Pass] = [
          cpu_only=True),
     Pass("attention_fusion", 2, fuse_attention, anchors=frozenset({"Softmax"}),
          requires=frozenset({"Softmax", "MatMul", "Transpose"})),
-    Pass("rotary_fusion", 2, fuse_rotary, anchors=frozenset({"Neg"})),
+    Pass("rotary_fusion", 2, fuse_rotary, anchors=frozenset({"Neg"}), data_prop=True),
     Pass("gqa_fusion", 2, fuse_grouped_attention, anchors=frozenset({"Softmax"})),
     Pass("conv_bn_folding", 2, fold_conv_batchnorm, anchors=frozenset({"BatchNormalization"})),
     Pass("conv_affine_folding", 2, fold_conv_affine, anchors=frozenset({"Mul", "Add"}),
@@ -108,6 +114,8 @@ def optimize(model: onnx.ModelProto, level: int, store: WeightStore | None = Non
         present = op_types(working.model)
         stored = {t.name for t in working.model.graph.initializer}
         unchanged_at: dict[str, int] = {}  # pass name -> the version it left as it was
+        working.data_prop = any(p.data_prop and _runs(p, level, for_cpu, present)
+                                for p in PASSES)
         for p in PASSES:
             if _runs(p, level, for_cpu, present) and not (
                     p.repeats and unchanged_at.get(p.repeats) == working.version):

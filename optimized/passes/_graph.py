@@ -36,6 +36,9 @@ class WorkingModel:
         # data_prop -> (the types last inferred, the names that have lived since): see VersionTypes
         self.carried: dict = {}
         self.views: dict = {}  # kind -> (version, the nodes it was built on, view)
+        # every Shapes of it follows shapes through the graph (data_prop): set where a pass
+        # that asks that will run, so one inference of a version serves every pass
+        self.data_prop = False
 
     def update(self, model: onnx.ModelProto) -> bool:
         """Take a pass's result as the working model; True when it differs from the last one."""
@@ -613,7 +616,7 @@ def _types_as_now(model, data_prop: bool):
     working = _WORKING.get()
     if working is None or working.model is not model:
         return _inferred_types(model, data_prop)
-    return VersionTypes(working, data_prop)
+    return VersionTypes(working, data_prop or working.data_prop)
 
 
 # the prefix of the dimension names onnx shape inference makes up
@@ -686,6 +689,8 @@ def _inferred_types(model, data_prop: bool, lighten_in_place: bool = False) -> d
         copy.CopyFrom(model)
         model = copy
     lighten(model)
+    if data_prop:
+        _read_past_identities(model.graph)
     light = model.SerializeToString()
     key, cache = (light, data_prop), _INFERRED.get()
     if cache is not None and key in cache:
@@ -702,6 +707,38 @@ def _inferred_types(model, data_prop: bool, lighten_in_place: bool = False) -> d
         while len(cache) > _INFERRED_KEPT:
             cache.popitem(last=False)
     return types
+
+
+def _read_past_identities(graph) -> None:
+    """In the copy made for inference with data propagation, every value passed on by an
+    Identity is read from where it is made (as identity_elimination will leave it): onnx's data
+    propagation stops at an Identity, and a graph output written by an Identity (TorchScript
+    exports write them) gives its declared dimension names to the node that makes the value
+    only once that node writes it. The Identities stay, turned around where needed, so every
+    value is still typed; the inferred types are the same values', only better known."""
+    outputs = {o.name for o in graph.output}
+    made_by = {o: node for node in graph.node for o in node.output}
+    identities = [n for n in graph.node
+                  if n.op_type == "Identity" and n.domain in ("", "ai.onnx") and n.input[0]]
+    if not identities:
+        return
+    turned = set()
+    for node in identities:
+        x, y = node.input[0], node.output[0]
+        maker = made_by.get(x)
+        if (y in outputs and x not in outputs and x not in turned and maker is not None
+                and maker.op_type != "Identity"):
+            k = list(maker.output).index(x)
+            maker.output[k], node.input[0], node.output[0] = y, y, x
+            turned.add(x)
+    source = {n.output[0]: n.input[0] for n in identities}
+    for node in graph.node:
+        if node.op_type == "Identity" and node.output[0] in source:
+            continue
+        for i, name in enumerate(node.input):
+            while name in source:
+                name = source[name]
+            node.input[i] = name
 
 
 def lighten(model) -> None:

@@ -436,3 +436,93 @@ def test_weights_a_pass_adds_or_drops_outside_the_store_are_stored_or_released(m
     (w2,) = rewritten.graph.initializer
     assert is_stub(w2) and len(store.arrays) == 1
     np.testing.assert_array_equal(tensor_array(w2), big + 1)
+
+
+def _inferences(monkeypatch):
+    """(light model bytes, data_prop) of every onnx shape inference optimize runs."""
+    calls = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda model, *a, **k: calls.append((model, k.get("data_prop")))
+                        or real(model, *a, **k))
+    return calls
+
+
+def test_a_pass_asking_data_propagation_has_every_pass_share_its_inference(monkeypatch):
+    import optimized.passes
+    from optimized.passes import Pass
+    from optimized.passes._graph import Shapes, copy_model
+
+    def look(model):  # h2 is made by the second version only
+        assert Shapes(model).shape("h2" if len(model.graph.node) == 3 else "h") == [2, 3]
+        return model
+
+    def look_followed(model):
+        assert Shapes(model, data_prop=True).shape("h") == [2, 3]
+        return model
+
+    def rename(model):  # a second version, with a value "h2" made since
+        model = copy_model(model)
+        model.graph.node[0].output[0] = model.graph.node[1].input[0] = "h2"
+        model.graph.node.insert(1, helper.make_node("Relu", ["h2"], ["h"]))
+        return model
+
+    calls = _inferences(monkeypatch)
+    follows = Pass("follows", 1, look_followed, anchors=frozenset({"Relu"}), data_prop=True)
+    monkeypatch.setattr(optimized.passes, "PASSES", [
+        Pass("look", 1, look), follows, Pass("rename", 1, rename), Pass("again", 1, look),
+        follows._replace(name="follows_again")])
+    optimize(two_relus(), 1)
+    assert [data_prop for _, data_prop in calls] == [True, True]  # one per version
+    calls.clear()
+    # its anchor missing, it does not run, and the others infer without data propagation
+    monkeypatch.setattr(optimized.passes, "PASSES", [
+        Pass("look", 1, look), follows._replace(anchors=frozenset({"Neg"})),
+        Pass("rename", 1, rename), Pass("again", 1, look)])
+    optimize(two_relus(), 1)
+    assert [data_prop for _, data_prop in calls] == [False, False]
+
+
+@pytest.mark.parametrize("name", ["llama_decode", "gpt2_seq1"])
+def test_each_version_of_a_benchmark_model_is_inferred_once(monkeypatch, name):
+    from benchmarks import models
+
+    calls = _inferences(monkeypatch)
+    optimize(models.build(name)[0], 99)
+    assert calls
+    assert len({model for model, _ in calls}) == len(calls), "a version inferred twice"
+    if name == "llama_decode":  # rotary_fusion runs: every inference follows shapes
+        assert all(data_prop for _, data_prop in calls)
+
+
+def _dims(types, name):
+    return [d.dim_value or d.dim_param for d in types[name].tensor_type.shape.dim]
+
+
+def test_data_propagation_reads_past_identities(monkeypatch):
+    from optimized.passes import _graph
+
+    # the shape of x passed on by an Identity becomes y's target; the Concat's result leaves
+    # the graph through an Identity, as the output "joined" of declared shape [a, "total"]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Identity", ["s"], ["s_passed"]),
+             helper.make_node("Reshape", ["y", "s_passed"], ["z"]),
+             helper.make_node("Concat", ["x", "x"], ["both"], axis=1),
+             helper.make_node("Identity", ["both"], ["joined"]),
+             helper.make_node("Relu", ["both"], ["r"])]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["a", "b"]),
+         helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["c"])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("joined", onnx.TensorProto.FLOAT, ["a", "total"]),
+         helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    given = model.SerializeToString()
+    followed = _graph._inferred_types(model, data_prop=True)
+    assert _dims(followed, "z") == ["a", "b"]
+    assert _dims(followed, "both") == _dims(followed, "r") == ["a", "total"]
+    assert set(followed) >= {"s", "s_passed", "both", "joined", "z", "r"}  # every value typed
+    assert model.SerializeToString() == given  # only the copy made for inference is changed
+    plain = _graph._inferred_types(model, data_prop=False)  # as before: no propagation asked
+    assert _dims(plain, "z")[0] != "a"
