@@ -111,6 +111,8 @@ typedef struct {
     dnnl_primitive_t prim;
     dnnl_memory_t from, to, weights, bias; /* handles set per run (weights and bias owned) */
     int weights_borrowed; /* weights are the multi-thread twin's (onednn_region_attach_single) */
+    int relu_later; /* conv: its Relu is applied by the NHWC concat reading it (its one reader) */
+    char relu_in[MAX_CONCAT]; /* NHWC concat: inputs it applies Relu to as it copies them */
 } region_op;
 
 typedef struct {
@@ -611,6 +613,41 @@ static int64_t in_place(const onednn_region *r, const region_op *op, int64_t i)
     }
 }
 
+/* A convolution whose Relu output only an NHWC concat reads leaves the Relu to that concat,
+ * which applies it as it copies (one pass over the values instead of two).  Ties are copied
+ * before the Relu then, which gives the same values. */
+static void defer_relu_to_concats(onednn_region *r)
+{
+    int64_t *readers = calloc((size_t)r->n_values, sizeof *readers);
+    int64_t *producer = malloc((size_t)r->n_values * sizeof *producer);
+    if (readers == NULL || producer == NULL) { /* the Relu then stays with its convolution */
+        free(readers), free(producer);
+        return;
+    }
+    for (int64_t v = 0; v < r->n_values; ++v)
+        producer[v] = -1;
+    for (int64_t i = 0; i < r->n_ops; ++i) {
+        const region_op *op = &r->ops[i];
+        for (int64_t k = 0; k < op->n_in; ++k)
+            ++readers[op->in[k]];
+        if (op->out >= 0)
+            producer[op->out] = i;
+    }
+    for (int64_t i = 0; i < r->n_ops; ++i) {
+        region_op *op = &r->ops[i];
+        if (op->kind != OP_CONCAT || !op->nhwc)
+            continue;
+        for (int64_t k = 0; k < op->n_in; ++k) {
+            int64_t p = producer[op->in[k]];
+            region_op *conv = p >= 0 ? &r->ops[p] : NULL;
+            if (conv != NULL && conv->kind == OP_CONV && conv->act == ACT_RELU
+                && readers[op->in[k]] == 1)
+                conv->relu_later = 1, op->relu_in[k] = 1;
+        }
+    }
+    free(readers), free(producer);
+}
+
 int onednn_region_finish(onednn_region *r)
 {
     if (r->finished != 0) {
@@ -628,6 +665,7 @@ int onednn_region_finish(onednn_region *r)
         if (op->out >= 0 && r->values[op->out].last_use < i)
             r->values[op->out].last_use = i;
     }
+    defer_relu_to_concats(r);
     r->buffers = calloc((size_t)r->n_values + 1, sizeof *r->buffers);
     r->buffer_bytes = calloc((size_t)r->n_values + 1, sizeof *r->buffer_bytes);
     is_free = calloc((size_t)r->n_values + 1, 1);
@@ -828,18 +866,55 @@ static int64_t tie_runs(const int64_t *ties, int64_t channels, int64_t **runs)
     return n;
 }
 
+/* y = relu_f32(x) (NaN and -0.0 kept: x < 0 is false for them), 8 lanes at a time. */
+#if defined(__x86_64__)
+AVX2 static void relu_copy_avx2(const float *x, float *y, int64_t n)
+{
+    __m256 zero = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 v = _mm256_loadu_ps(x + j);
+        _mm256_storeu_ps(y + j, _mm256_andnot_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ), v));
+    }
+    for (; j < n; ++j)
+        y[j] = x[j] < 0.0f ? 0.0f : x[j];
+}
+#endif
+
+static void relu_copy(const float *x, float *y, int64_t n, int avx2)
+{
+#if defined(__x86_64__)
+    if (avx2) {
+        relu_copy_avx2(x, y, n);
+        return;
+    }
+#endif
+    (void)avx2;
+    for (int64_t j = 0; j < n; ++j)
+        y[j] = x[j] < 0.0f ? 0.0f : x[j];
+}
+
 /* Per pixel, each input's channels one after another (NHWC inputs, NHWC y of all channels). */
 static void concat_nhwc(const onednn_region *r, const region_op *op, float *y)
 {
     const region_value *out = &r->values[op->out];
     int64_t pixels = out->dims[0] * out->dims[2] * out->dims[3], channels = out->dims[1];
+#if defined(__x86_64__)
+    int avx2 = have_avx2();
+#else
+    int avx2 = 0;
+#endif
 #pragma omp parallel for schedule(static) if (pixels * channels > 32768)
     for (int64_t p = 0; p < pixels; ++p) {
         float *cell = y + p * channels;
         for (int64_t k = 0; k < op->n_in; ++k) {
             const region_value *x = &r->values[op->in[k]];
             int64_t c = x->dims[1];
-            memcpy(cell, (const float *)r->buffers[x->buffer] + p * c, (size_t)c * sizeof(float));
+            const float *from = (const float *)r->buffers[x->buffer] + p * c;
+            if (op->relu_in[k])
+                relu_copy(from, cell, c, avx2);
+            else
+                memcpy(cell, from, (size_t)c * sizeof(float));
             cell += c;
         }
     }
@@ -891,7 +966,7 @@ static int run_locked(onednn_region *r, const float *const *inputs, float *const
                                        {DNNL_ARG_DST, op->to}, {DNNL_ARG_BIAS, op->bias}};
             if (dnnl.dnnl_primitive_execute(op->prim, stream, op->bias != NULL ? 4 : 3, args) != dnnl_success)
                 return -1;
-            if (op->act != ACT_NONE) {
+            if (op->act != ACT_NONE && !op->relu_later) {
                 if (dnnl.dnnl_stream_wait(stream) != dnnl_success) return -1;
                 activation_f32(buffer_of(r, op->out), buffer_of(r, op->out), y->bytes / sizeof(float),
                                op->act, op->alpha, op->beta);

@@ -233,6 +233,34 @@ def test_tied_filters_give_equal_channels():
     assert (y == y[:, :1]).all() and (r == r[:, :1]).all() and None not in planned(sess)
 
 
+def test_relu_applied_by_the_concat_keeps_nan():
+    """A fire module's two Conv+Relu whose only reader is the Concat: the Concat applies their
+    Relu as it copies (relu_later), with NaN kept as Relu's comparison keeps it."""
+    rng = np.random.default_rng(9)
+    w0 = (rng.uniform(-1, 1, (6, 4, 1, 1)) / 2).astype(np.float32)
+    w1 = (rng.uniform(-1, 1, (5, 6, 1, 1)) / 3).astype(np.float32)
+    w3 = (rng.uniform(-1, 1, (11, 6, 3, 3)) / 9).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["s"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["s"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1"], ["e1"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["e1"], ["r1"]),
+             helper.make_node("Conv", ["r0", "w3"], ["e3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["e3"], ["r3"]),
+             helper.make_node("Concat", ["r1", "r3"], ["y"], axis=1)]
+    m = model(nodes, [numpy_helper.from_array(w, n) for w, n in ((w0, "w0"), (w1, "w1"), (w3, "w3"))],
+              [2, 4, 7, 9], ["y"])
+    x = rng.uniform(-1, 1, (2, 4, 7, 9)).astype(np.float32)
+    x[1, 3, 3, 5] = np.nan
+    sess = session(m)
+    (y,) = run_compiled(sess, {"x": x})
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    assert None not in planned(sess) and region_steps(sess)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    assert np.isnan(y[1, :, 3, 5]).all() and np.isnan(y[1, 5:, 2:5, 4:7]).all()
+    assert (y[~np.isnan(y)] >= 0).all() and (y == 0).any()
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=2e-5)
+
+
 def test_mixed_tied_filters_give_their_sources_channels():
     """Ties that are not all one filter: twins of one source side by side (copied as one
     broadcast), a run of sources repeated (copied as one block), and twins apart; each channel
