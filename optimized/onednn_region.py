@@ -40,6 +40,13 @@ threads on a busy machine, where per-node convolutions fall back to the calling 
 (threads.c): resnet50 at 2 threads, load 5-6, 358 and 607 ms CPU a run against 124-133 without
 regions.  It now carries a twin planned for one thread (its weights shared where laid out
 alike) that runs in its place then: 104 and 118 against 116 and 126 (load 4.5-5).
+The suite's 1-thread rows (benchmarks/test_optimized_vs_ort.py, 100 ms pauses, load 1.6-2.1),
+two passes each, ours / onnxruntime with regions and without: resnet50 1.10, 1.19 / 1.21,
+1.15; inception_v2 1.21, 1.20 / 1.35, 1.13; squeezenet 1.30, 1.26 / 1.26, 1.35: within the
+passes' spread, so no default change.  densenet121 loses because its 61 regions are each a
+1x1 then a 3x3 convolution: the region's entry transposes the 1x1's wide input (256-1024
+channels) where per node only the 3x3's 128 channels in and 32 out are transposed (our 1x1
+reads NCHW); a region should start only where it transposes less than its members would.
 The earlier nChw8c variant (jit:avx2 / jit_1x1:avx2, not brgconv) measured on a quiet
 machine, with regions / without, ms: 1 thread: resnet50 103.4 / 102.8, densenet121 92.7 / 85.1,
 inception_v2 53.8 / 52.3, squeezenet 11.5 / 12.9, vgg19 514.9 / 510.5; 2 threads: resnet50
