@@ -784,7 +784,7 @@ class OneDNNRegion:
         self.outputs: list[int] = []
         self.threads = get_num_threads() if threads is None else threads
 
-    def attach_single(self, twin: "OneDNNRegion") -> None:
+    def attach_single(self, twin: OneDNNRegion) -> None:
         """twin (the same ops, finished, planned for one thread) runs in this region's place
         when the kernels fall back to the calling thread on a busy machine; the region owns
         it from here (twin's handle is not to be used again)."""
