@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import numpy as np
 import onnx
@@ -11,6 +12,7 @@ from onnx import helper, numpy_helper
 
 from reference import ReferenceEvaluator
 from reference.errors import ReferenceError_
+from reference.weights import SMALL_TENSOR
 
 from ._graph import (
     Constants,
@@ -27,6 +29,10 @@ RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUnifor
               "Multinomial", "Bernoulli", "Dropout"}
 # a folded result bigger than this would bloat the saved model more than it saves at run time
 MAX_FOLDED_ELEMENTS = 1 << 22
+# element types whose TensorProto raw_data is the little-endian bytes of the numpy array
+_PLAIN_TYPES = {np.dtype(t): helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in (
+    np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8,
+    np.uint16, np.uint32, np.uint64, np.bool_)}
 # nodes whose inputs hold at most this many elements in all are evaluated together, in
 # models that fill at most BATCHED_OUTPUT elements (a bound on the memory they hold at once)
 BATCHED = 1024
@@ -44,14 +50,16 @@ def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMEN
     # that no undecided node makes. A node folds as it would node by node in graph order.
     undecided = [i for i, node in enumerate(nodes) if _may_fold(node, outputs)]
     folded: dict[int, list] = {}
+    tensors = constants.tensors  # folded values join it
+    made = {name for i in undecided for name in nodes[i].output}
     while True:
-        made = {name for i in undecided for name in nodes[i].output}
-        wave = [i for i in undecided if all(name in constants and name not in made
+        wave = [i for i in undecided if all(name in tensors and name not in made
                                             for name in nodes[i].input if name)]
         if not wave:
             break
         taken = set(wave)
         undecided = [i for i in undecided if i not in taken]
+        made = {name for i in undecided for name in nodes[i].output}
         # a plain fill is made as it is (a light model's weights are hundreds of them: a model
         # run for them cost more than the rest of the session's creation)
         fills = {i: fill for i in wave if (fill := constant_fill(nodes[i], constants))}
@@ -65,6 +73,11 @@ def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMEN
         for i in wave:
             k = position.get(i)
             if k is None:
+                tensor = _small_fill_tensor(nodes[i], *fills[i])
+                if tensor is not None:
+                    folded[i] = [tensor]
+                    constants.tensors[tensor.name] = tensor
+                    continue
                 shape, value, _ = fills[i]
                 arrays = [np.full(shape, value, value.dtype)]
             else:
@@ -80,6 +93,19 @@ def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_FOLDED_ELEMEN
         model.ir_version = 4  # before IR 4 every initializer also had to be a graph input
     set_nodes(graph, [node for i, node in enumerate(nodes) if i not in folded])
     return model
+
+
+def _small_fill_tensor(node, shape, value, data_type):
+    """The initializer of a fill of at most SMALL_TENSOR elements of a plain type, made from its
+    value's bytes repeated, as initializer() makes a small tensor from the filled array (a light
+    model folds hundreds: the array and its copy cost more than the rest of the fold); else None."""
+    count = math.prod(shape)
+    tensor_type = _PLAIN_TYPES.get(value.dtype)
+    if (count > SMALL_TENSOR or tensor_type != data_type or len(node.output) != 1
+            or sys.byteorder != "little" or value.dtype.byteorder == ">"):
+        return None
+    return onnx.TensorProto(name=node.output[0], data_type=tensor_type, dims=shape,
+                            raw_data=value.tobytes() * count)
 
 
 def _may_fold(node, outputs) -> bool:

@@ -222,3 +222,27 @@ def test_tensor_values_read_as_numpy_helper_reads_them():
     # data not in raw_data (helper.make_tensor's lists) goes through numpy_helper
     listed = helper.make_tensor("t", 7, [2], [5, -3])  # INT64 in int64_data
     np.testing.assert_array_equal(tensor_values(listed), [5, -3])
+
+
+def test_a_small_fill_is_the_tensor_from_array_makes_of_the_filled_array():
+    """Fills of up to SMALL_TENSOR elements are made from their value's bytes (no array): each
+    plain type, each value, a non-square shape and shapes around the size, as from_array makes
+    the filled array, byte for byte."""
+    from reference.weights import SMALL_TENSOR
+
+    cases = [(np.float32, 0.02), (np.float64, -1.5), (np.float16, 3.25), (np.int8, -7),
+             (np.int16, 300), (np.int32, -70000), (np.int64, 1 << 40), (np.uint8, 200),
+             (np.uint16, 60000), (np.uint32, 1 << 31), (np.uint64, 1 << 63), (np.bool_, True)]
+    for shape in ([2, 3, 5], [SMALL_TENSOR], [SMALL_TENSOR + 1], [0, 4], []):
+        nodes = [helper.make_node("ConstantOfShape", ["shape"], [f"fill{k}"],
+                                  value=numpy_helper.from_array(np.array([v], t)))
+                 for k, (t, v) in enumerate(cases)]
+        nodes.append(helper.make_node("Add", ["x", "x"], ["y"]))
+        model = make_model(nodes, [("x", [2])], [("y", [2])],
+                           initializers={"shape": np.array(shape, np.int64)})
+        folded = fold_constants(model)
+        made = {t.name: t for t in folded.graph.initializer}
+        for k, (t, v) in enumerate(cases):
+            expected = numpy_helper.from_array(np.full(shape, v, t), f"fill{k}")
+            assert made[f"fill{k}"].SerializeToString() == expected.SerializeToString(), (shape, t)
+        assert op_types(folded) == {"Add": 1}
