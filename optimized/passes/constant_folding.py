@@ -217,17 +217,19 @@ def _evaluate(model, nodes, values, max_made=None):
     """The nodes' outputs; past `max_made` elements made in all (Constant nodes aside) it
     stops (MemoryError): ops such as Expand or Tile make far more than their small inputs
     hold, and a model keeps every result until it ends."""
+    # the values are fed as they are: as initializers each was copied into a TensorProto and
+    # read back (light_densenet121's 242 Unsqueezes of per-channel constants: most of the run)
     graph = helper.make_graph(
         nodes, "fold",
-        inputs=[],
+        inputs=[onnx.ValueInfoProto(name=name) for name in values],
         outputs=[onnx.ValueInfoProto(name=o) for node in nodes for o in node.output],
-        initializer=[numpy_helper.from_array(v, name) for name, v in values.items()],
     )
     fold = helper.make_model(graph, opset_imports=list(model.opset_import),
                              functions=list(model.functions), ir_version=model.ir_version)
     # the graph outputs in order (run() looks each one up in a list: quadratic in a wave)
     outputs, made = [], 0
-    for r in ReferenceEvaluator(fold, check=False).iter_results({}):
+    feeds = {name: _read_only(v) for name, v in values.items()}
+    for r in ReferenceEvaluator(fold, check=False).iter_results(feeds):
         if r.kind == "result" and max_made is not None:
             # a Constant's value is the model's already, and always kept
             made += 0 if r.node.op_type == "Constant" else getattr(r.value, "size", 0)
@@ -236,3 +238,11 @@ def _evaluate(model, nodes, values, max_made=None):
         elif r.kind == "output" and not r.path:
             outputs.append(r.value)
     return outputs
+
+
+def _read_only(value: np.ndarray) -> np.ndarray:
+    """A read-only view of a constant's cached array (an op must not write to it, as to an
+    initializer's value; the cache stays as it was)."""
+    view = value.view()
+    view.setflags(write=False)
+    return view

@@ -246,3 +246,34 @@ def test_a_small_fill_is_the_tensor_from_array_makes_of_the_filled_array():
             expected = numpy_helper.from_array(np.full(shape, v, t), f"fill{k}")
             assert made[f"fill{k}"].SerializeToString() == expected.SerializeToString(), (shape, t)
         assert op_types(folded) == {"Add": 1}
+
+
+def test_constants_fed_to_folded_shape_ops_give_their_values():
+    """Per-channel constants unsqueezed, transposed and reshaped (non-square, few elements, so
+    evaluated together as the fed inputs of one model; and one past BATCHED, alone): the folded
+    values are numpy's, and the constant read by two of them is left as it was."""
+    from optimized.passes.constant_folding import BATCHED
+
+    rng = np.random.default_rng(7)
+    scale = rng.standard_normal(3).astype(np.float32)
+    block = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    wide = rng.standard_normal((BATCHED + 3, 2)).astype(np.float32)
+    nodes = [
+        helper.make_node("Unsqueeze", ["scale", "axes"], ["scale_u"]),
+        helper.make_node("Transpose", ["block"], ["block_t"], perm=[2, 0, 1]),
+        helper.make_node("Reshape", ["block", "shape"], ["block_r"]),
+        helper.make_node("Transpose", ["wide"], ["wide_t"]),
+        helper.make_node("Mul", ["scale", "scale"], ["scale_sq"]),
+        helper.make_node("Add", ["x", "x"], ["y"]),
+    ]
+    model = make_model(nodes, [("x", [2])], [("y", [2])], initializers={
+        "scale": scale, "axes": np.array([1, 2], np.int64), "block": block,
+        "shape": np.array([5, -1], np.int64), "wide": wide})
+    folded = fold_constants(model)
+    assert op_types(folded) == {"Add": 1}
+    np.testing.assert_array_equal(initializer(folded, "scale_u"), scale.reshape(3, 1, 1))
+    np.testing.assert_array_equal(initializer(folded, "block_t"), block.transpose(2, 0, 1))
+    np.testing.assert_array_equal(initializer(folded, "block_r"), block.reshape(5, 6))
+    np.testing.assert_array_equal(initializer(folded, "wide_t"), wide.T)
+    np.testing.assert_array_equal(initializer(folded, "scale_sq"), scale * scale)
+    np.testing.assert_array_equal(initializer(folded, "scale"), scale)
