@@ -165,3 +165,26 @@ def test_retain_drops_arrays_the_model_no_longer_names():
     model.graph.initializer.extend(kept)
     store.retain(model)
     assert store.nbytes == 48 * 40 * 4 + 30 * 50 * 2
+
+
+def test_tensor_array_reads_raw_data_as_to_array_does():
+    """Plain numeric types in raw_data are read without to_array: same values, type, shape and
+    read-only view, for non-square, 0-d and empty shapes; a byte count that does not match the
+    shape still raises to_array's error."""
+    rng = np.random.default_rng(11)
+    for dtype in (np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64,
+                  np.uint8, np.uint16, np.uint32, np.uint64, np.bool_):
+        for shape in ((), (0, 3), (2, 3, 5)):
+            array = (rng.standard_normal(shape) * 50).astype(dtype)
+            tensor = numpy_helper.from_array(array, "t")
+            expected = numpy_helper.to_array(tensor)
+            values = tensor_array(tensor)
+            assert values.dtype == expected.dtype and values.shape == expected.shape
+            assert values.flags.writeable == expected.flags.writeable
+            np.testing.assert_array_equal(values, array)
+    short = numpy_helper.from_array(np.zeros((2, 3), np.float32), "short")
+    short.raw_data = short.raw_data[:-4]
+    with pytest.raises(ValueError):
+        numpy_helper.to_array(short)
+    with pytest.raises(ValueError):
+        tensor_array(short)
