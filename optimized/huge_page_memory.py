@@ -6,6 +6,19 @@ On 2 MiB pages the plan's arena takes a walk per 512 of them.  With THP in madvi
 (common, and this machine's) only advised memory gets huge pages, and numpy advises only
 allocations of 4 MiB and more, so an arena of 2-4 MiB (light_squeezenet's is 3.75 MiB) was on
 4 KiB pages.
+
+Only the arena is advised.  light_squeezenet at 1 thread, CPU ms of a run after a 0.1 s pause,
+one process alternating the two ways run by run, median of the 150 paired differences, two
+processes each (load 0.1-1.0): the arena advised against np.empty, -0.139 / -0.095 (kept).  Tried
+beside it and dropped: the constants the step table reads copied into one advised block, +0.004
+/ +0.026 (a 12.4-14.0 ms run); the oneDNN convolutions' NHWC workspace on huge pages, -0.083 /
+-0.008; their reordered weights bump-allocated from advised 2 MiB chunks, +0.16 (median of 6
+alternating processes, whose spread was +-3 ms).  Prefetching the next tile's weight and output
+rows in csrc/conv_pointwise.c, +0.002 / -0.116 likewise: dropped.  A 1x1 512->1000 at 13x13 alone
+after the pause (2 MiB of weights): 3.77 ms with them on 4 KiB pages, 3.67 on a huge page, 3.70
+with input and output there too (60 rounds, back to back 2.77-2.84).  A compute-only loop in
+cache (100 calls of a 1x1 64->64 at 13x13) runs 15% slower after the pause too (4.80 -> 5.53
+ms), as does a pure Python loop, so much of the penalty is the VM's core waking, not page walks.
 """
 from __future__ import annotations
 
