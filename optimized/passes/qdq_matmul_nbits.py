@@ -45,6 +45,7 @@ from reference.weights import (
 )
 
 from .. import kernels
+from ..huge_page_memory import HUGE_PAGE
 from ._graph import (
     MS_DOMAIN,
     attr,
@@ -62,7 +63,6 @@ CODE_TYPES = {TensorProto.INT4: (4, True), TensorProto.UINT4: (4, False),
 # MatMulNBits block size for a weight quantized per channel or per tensor: few scales, and
 # little padding past K
 WHOLE_K_BLOCK = 128
-HUGE_PAGE = 2 << 20  # bytes, x86-64's transparent huge pages
 
 
 def fuse_dequantize_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
