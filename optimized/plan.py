@@ -23,7 +23,14 @@ import numpy as np
 from onnx import AttributeProto, ModelProto, helper
 
 from reference.errors import NodeError
-from reference.evaluator import GraphRunner, ReferenceEvaluator, Result, Scope
+from reference.evaluator import (
+    NOT_PLAIN,
+    GraphRunner,
+    ReferenceEvaluator,
+    Result,
+    Scope,
+    plain_attribute_value,
+)
 from reference.functions import schema_for
 from reference.registry import OpContext, canonical_domain, lookup
 from reference.values import normalize
@@ -403,28 +410,10 @@ class Plan:
         return run
 
 
-_NOT_PLAIN = object()
-
-
 def _plain_value(a):
-    """An attribute of a plain type as the reference's GraphRunner.attribute_value gives it,
-    else _NOT_PLAIN (subgraphs, tensors, references to a function's attributes)."""
-    kind = a.type
-    if a.ref_attr_name:
-        return _NOT_PLAIN
-    if kind == AttributeProto.INT:
-        return a.i
-    if kind == AttributeProto.FLOAT:
-        return a.f
-    if kind == AttributeProto.INTS:
-        return [int(i) for i in a.ints]
-    if kind == AttributeProto.FLOATS:
-        return [float(f) for f in a.floats]
-    if kind == AttributeProto.STRING:
-        return a.s.decode("utf-8", errors="surrogateescape")
-    if kind == AttributeProto.STRINGS:
-        return [s.decode("utf-8", errors="surrogateescape") for s in a.strings]
-    return _NOT_PLAIN
+    """An attribute of a plain type as the reference gives it to operators, else NOT_PLAIN
+    (also for a reference to a function's attribute, which the reference resolves)."""
+    return NOT_PLAIN if a.ref_attr_name else plain_attribute_value(a)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -442,7 +431,7 @@ def _schema_defaults(op_type: str, opset: int, domain: str) -> tuple | None:
         if spec.default_value.type == AttributeProto.UNDEFINED:
             continue
         value = _plain_value(spec.default_value)
-        if value is _NOT_PLAIN:
+        if value is NOT_PLAIN:
             return None
         defaults.append((name, value))
     return tuple(defaults)
@@ -454,7 +443,7 @@ def _plain_attributes(node, opset: int, domain: str) -> dict | None:
     attrs = {}
     for a in node.attribute:
         value = _plain_value(a)
-        if value is _NOT_PLAIN:
+        if value is NOT_PLAIN:
             return None
         attrs[a.name] = value
     defaults = _schema_defaults(node.op_type, opset, domain)

@@ -247,15 +247,30 @@ class GraphRunner:
             return sparse_value(a.sparse_tensor)
         if a.type == AttributeProto.SPARSE_TENSORS:
             return [sparse_value(t) for t in a.sparse_tensors]
-        if a.type == AttributeProto.STRING:
-            return a.s.decode("utf-8", errors="surrogateescape")
-        if a.type == AttributeProto.STRINGS:
-            return [s.decode("utf-8", errors="surrogateescape") for s in a.strings]
-        if a.type == AttributeProto.INTS:
-            return [int(i) for i in a.ints]
-        if a.type == AttributeProto.FLOATS:
-            return [float(f) for f in a.floats]
-        return helper.get_attribute_value(a)
+        value = plain_attribute_value(a)
+        return helper.get_attribute_value(a) if value is NOT_PLAIN else value
+
+
+NOT_PLAIN = object()  # plain_attribute_value's answer for any other attribute type
+
+
+def plain_attribute_value(a: AttributeProto):
+    """The value of an attribute of a plain type (int, float, string and their lists) as
+    operators receive it; NOT_PLAIN for the other types (graphs, tensors, sparse tensors)."""
+    kind = a.type
+    if kind == AttributeProto.INT:
+        return a.i
+    if kind == AttributeProto.FLOAT:
+        return a.f
+    if kind == AttributeProto.INTS:
+        return [int(i) for i in a.ints]
+    if kind == AttributeProto.FLOATS:
+        return [float(f) for f in a.floats]
+    if kind == AttributeProto.STRING:
+        return a.s.decode("utf-8", errors="surrogateescape")
+    if kind == AttributeProto.STRINGS:
+        return [s.decode("utf-8", errors="surrogateescape") for s in a.strings]
+    return NOT_PLAIN
 
 
 _UNKNOWN_OP = re.compile(
