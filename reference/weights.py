@@ -110,8 +110,8 @@ def tensor_array(tensor: TensorProto) -> np.ndarray:
     return values
 
 
-# element types whose raw_data numpy reads as it is
-_RAW_DTYPES = {helper.np_dtype_to_tensor_dtype(np.dtype(t)): np.dtype(t) for t in (
+# element types whose raw_data is the little-endian bytes of the numpy array
+RAW_DATA_DTYPES = {helper.np_dtype_to_tensor_dtype(np.dtype(t)): np.dtype(t) for t in (
     np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8,
     np.uint16, np.uint32, np.uint64, np.bool_)}
 
@@ -120,7 +120,7 @@ def _raw_array(tensor: TensorProto) -> np.ndarray | None:
     """What numpy_helper.to_array gives for a tensor of a plain numeric type held in raw_data
     (the same read-only view of its bytes, without its type lookups, which cost a session's
     creation 0.5 ms on chain100 and 1.2 ms on vit), else None."""
-    dtype = _RAW_DTYPES.get(tensor.data_type)
+    dtype = RAW_DATA_DTYPES.get(tensor.data_type)
     if (dtype is None or sys.byteorder != "little" or tensor.data_location != TensorProto.DEFAULT
             or not tensor.HasField("raw_data") or tensor.HasField("segment")):
         return None

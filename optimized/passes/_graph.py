@@ -13,7 +13,14 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
-from reference.weights import SMALL_TENSOR, WeightStore, store_of, stored_array, tensor_array
+from reference.weights import (
+    RAW_DATA_DTYPES,
+    SMALL_TENSOR,
+    WeightStore,
+    store_of,
+    stored_array,
+    tensor_array,
+)
 
 MS_DOMAIN = "com.microsoft"
 # the ops our fusions write as model-local functions, whose bodies the reference runs
@@ -278,12 +285,6 @@ class Constants:
         return self._arrays[name]
 
 
-# element types whose raw_data is the little-endian bytes of the numpy array
-_RAW_DTYPES = {helper.np_dtype_to_tensor_dtype(np.dtype(t)): np.dtype(t) for t in (
-    np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8,
-    np.uint16, np.uint32, np.uint64, np.bool_)}
-
-
 # element types held in a typed field of their own numpy type when there is no raw_data
 _TYPED_FIELDS = {onnx.TensorProto.FLOAT: ("float_data", np.dtype(np.float32)),
                  onnx.TensorProto.DOUBLE: ("double_data", np.dtype(np.float64)),
@@ -296,7 +297,7 @@ def tensor_values(tensor: onnx.TensorProto) -> np.ndarray:
     int64 or int32 tensor without it) for a tensor of a plain numeric type
     (numpy_helper.to_array took 3x as long from raw_data, 20x from float_data, and the passes
     read hundreds of shape and fill constants)."""
-    dtype = _RAW_DTYPES.get(tensor.data_type)
+    dtype = RAW_DATA_DTYPES.get(tensor.data_type)
     if dtype is None or sys.byteorder != "little" or tensor.data_location != 0:
         return tensor_array(tensor)
     shape = tuple(tensor.dims)

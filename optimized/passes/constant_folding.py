@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from reference import ReferenceEvaluator
 from reference.errors import ReferenceError_
-from reference.weights import SMALL_TENSOR
+from reference.weights import RAW_DATA_DTYPES, SMALL_TENSOR
 
 from ._graph import (
     Constants,
@@ -29,10 +29,8 @@ RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUnifor
               "Multinomial", "Bernoulli", "Dropout"}
 # a folded result bigger than this would bloat the saved model more than it saves at run time
 MAX_FOLDED_ELEMENTS = 1 << 22
-# element types whose TensorProto raw_data is the little-endian bytes of the numpy array
-_PLAIN_TYPES = {np.dtype(t): helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in (
-    np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8,
-    np.uint16, np.uint32, np.uint64, np.bool_)}
+# numpy dtype -> the element type whose raw_data holds its little-endian bytes
+_PLAIN_TYPES = {dtype: data_type for data_type, dtype in RAW_DATA_DTYPES.items()}
 # nodes whose inputs hold at most this many elements in all are evaluated together, in
 # models that fill at most BATCHED_OUTPUT elements (a bound on the memory they hold at once)
 BATCHED = 1024
