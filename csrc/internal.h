@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 /* Hot loops built twice, for AVX2+FMA (x86-64-v3) and for the baseline, picked at load time:
  * the extension is built once per install but must run on any x86-64. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -86,18 +88,21 @@ static inline void inside_range(int64_t offset, int64_t stride, int64_t in_size,
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* Functions built for AVX2 and FMA, called only after a runtime check of the CPU. */
+/* Functions built for AVX2 and FMA, or for AVX-512 (F, BW, DQ, VL; FMA comes with F), called
+ * only after a runtime check: kernels_isa() in threads.c. */
 #define AVX2 __attribute__((target("avx2,fma")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
 
-/* Whether this CPU runs AVX2 and FMA code (asked once). */
+/* Whether kernels may run AVX2 and FMA code: the CPU has it and kernels_limit_isa allows it. */
 static inline int have_avx2(void)
 {
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return cached;
+    return kernels_isa() >= ISA_AVX2;
+}
+
+/* Whether kernels may run AVX-512 code (F, BW, DQ, VL). */
+static inline int have_avx512(void)
+{
+    return kernels_isa() >= ISA_AVX512;
 }
 
 /* The sum of the 8 lanes. */

@@ -5,6 +5,8 @@
  * Sizes and offsets are 64-bit (int64_t, size_t) in every kernel.  Arguments typed int are the
  * BLAS's (scipy-openblas32 takes 32-bit dimensions) or small codes and flags; the wrappers
  * refuse a value past 2^31 - 1 there with an error naming it. */
+#ifndef KERNELS_H
+#define KERNELS_H
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +37,13 @@ int kernels_configured_threads(void);
 /* Kernel calls since load that ran on the calling thread alone because the machine counted
  * as oversubscribed (threads.c). */
 long long kernels_busy_fallbacks(void);
+
+/* The widest vector instructions the kernels use: the best this CPU runs, capped by
+ * kernels_limit_isa (tests run every path on one machine) or at load by ONNX_PARITY_MAX_ISA
+ * (portable, avx2 or avx512).  kernels_limit_isa returns the level now in force. */
+enum kernel_isa { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+int kernels_isa(void);
+int kernels_limit_isa(int level);
 
 /* y[i] = max(x[i], 0); NaN passes through.  x and y may alias. */
 void relu_f32(const float *x, float *y, size_t n);
@@ -363,3 +372,5 @@ int onednn_region_finish(onednn_region *r);
 int onednn_region_run(onednn_region *r, const float *const *inputs, float *const *outputs);
 int onednn_region_run_slots(onednn_region *r, void *const *slots, const int32_t *slot_ids);
 void onednn_region_destroy(onednn_region *r);
+
+#endif

@@ -1,5 +1,6 @@
 #define _DEFAULT_SOURCE /* getloadavg */
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <omp.h>
@@ -91,6 +92,51 @@ int kernels_get_num_threads(void)
 long long kernels_busy_fallbacks(void)
 {
     return __atomic_load_n(&busy_fallbacks, __ATOMIC_RELAXED);
+}
+
+static int cpu_isa(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
+        return ISA_PORTABLE;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        return ISA_AVX512;
+    return ISA_AVX2;
+#else
+    return ISA_PORTABLE;
+#endif
+}
+
+static int isa_from_environment(void)
+{
+    const char *setting = getenv("ONNX_PARITY_MAX_ISA");
+    if (setting == NULL || setting[0] == '\0' || strcmp(setting, "avx512") == 0)
+        return ISA_AVX512;
+    if (strcmp(setting, "avx2") == 0)
+        return ISA_AVX2;
+    return ISA_PORTABLE; /* "portable", or a value it does not know: the safe choice */
+}
+
+static int isa = -1;
+
+int kernels_isa(void)
+{
+    int level = __atomic_load_n(&isa, __ATOMIC_RELAXED);
+    if (level < 0) {
+        int cpu = cpu_isa(), allowed = isa_from_environment();
+        level = cpu < allowed ? cpu : allowed;
+        __atomic_store_n(&isa, level, __ATOMIC_RELAXED);
+    }
+    return level;
+}
+
+int kernels_limit_isa(int level)
+{
+    int cpu = cpu_isa();
+    __atomic_store_n(&isa, level < cpu ? (level < 0 ? 0 : level) : cpu, __ATOMIC_RELAXED);
+    return kernels_isa();
 }
 
 int threads_for(size_t work)

@@ -120,6 +120,26 @@ def get_num_threads() -> int:
     return lib.kernels_configured_threads()
 
 
+ISAS = {"portable": lib.ISA_PORTABLE, "avx2": lib.ISA_AVX2, "avx512": lib.ISA_AVX512}
+
+
+def isa() -> str:
+    """The widest vector instructions the kernels use now: "avx512", "avx2" or "portable"
+    (the best the CPU runs, capped by limit_isa or at load by ONNX_PARITY_MAX_ISA)."""
+    level = lib.kernels_isa()
+    return next(name for name, value in ISAS.items() if value == level)
+
+
+def limit_isa(name: str) -> str:
+    """Cap the kernels at the named instructions (never above what the CPU runs), so that one
+    machine can run every path; returns the level now in force.  Plans already built keep the
+    kernels they chose."""
+    if name not in ISAS:
+        raise ValueError(f"limit_isa takes one of {sorted(ISAS)}, got {name!r}")
+    lib.kernels_limit_isa(ISAS[name])
+    return isa()
+
+
 def busy_fallbacks() -> int:
     """Kernel calls since the extension loaded that ran on the calling thread alone, at a
     configured thread count above 1, because the machine counted as oversubscribed (the
