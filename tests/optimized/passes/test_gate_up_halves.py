@@ -200,5 +200,8 @@ def test_step_reads_halves_in_place(b, s, f, threads, cut, seed):
     # recorded run runs in Python instead
     assert program is not None and not program.broken and [op[0] for op in program.ops] == [C]
     assert got.tobytes() == want.tobytes()
+    # two MatMuls summing up to 140 float32 products of magnitude up to ~10, in another order
+    # than numpy's: rounding alone reaches 1e-5 where a sum cancels (b=1, s=16, f=65, seed=1
+    # gave 1.06e-5 at a value of 0.019), so the bound is 10x that
     np.testing.assert_allclose(got, ReferenceEvaluator(model).run(None, feeds)[0],
-                               rtol=1e-5, atol=1e-5)
+                               rtol=1e-5, atol=1e-4)
