@@ -130,13 +130,19 @@ def subgraphs(node):
             yield from a.graphs
 
 
+# the ai.onnx ops whose attributes hold graphs: onnx's checker refuses a graph attribute on
+# any other (a session validates its model before the passes), so their attributes go unread
+ONNX_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
 def holds_subgraph(node) -> bool:
-    """Whether subgraphs(node) yields any (asked of every node by cse and constant folding:
-    most nodes have no attribute to look at)."""
+    """Whether subgraphs(node) yields any (asked of every node by cse, constant folding, dead
+    code and consumers: reading a fused convolution's attributes cost more than its inputs)."""
+    if node.op_type not in ONNX_SUBGRAPH_OPS and node.domain in ("", "ai.onnx"):
+        return False
     attributes = node.attribute
-    return bool(attributes) and any(
-        a.type == AttributeProto.GRAPH or (a.type == AttributeProto.GRAPHS and a.graphs)
-        for a in attributes)
+    return bool(attributes) and any(a.type == AttributeProto.GRAPH or (a.type == AttributeProto.GRAPHS and a.graphs)
+               for a in attributes)
 
 
 def outer_names(graph) -> set[str]:
@@ -169,11 +175,7 @@ def consumers(graph) -> dict[str, list]:
 def _consumers(graph) -> dict[str, list]:
     uses: dict[str, list] = {}
     for node in graph.node:
-        names = node.input
-        for a in node.attribute:
-            if a.type == AttributeProto.GRAPH or a.type == AttributeProto.GRAPHS:
-                names = node_inputs(node)
-                break
+        names = node_inputs(node) if holds_subgraph(node) else node.input
         for name in dict.fromkeys(names) if len(names) > 1 else names:
             if name:
                 if name in uses:

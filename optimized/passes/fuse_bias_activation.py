@@ -43,6 +43,14 @@ ACTIVATIONS = {
 }
 
 
+def _output_type(node, constants, shapes):
+    """The element type of a Conv's, Gemm's or MatMul's output: that of a constant weight B
+    where it has one (the op's one type constraint covers its inputs and output), so that a
+    convolutional model needs no shape inference here; else as inferred."""
+    tensor = constants.tensors.get(node.input[1]) if len(node.input) > 1 else None
+    return tensor.data_type if tensor is not None else shapes.elem_type(node.output[0])
+
+
 def fuse_bias_activation(model: onnx.ModelProto) -> onnx.ModelProto:
     model = copy_model(model)
     graph = model.graph
@@ -55,7 +63,7 @@ def fuse_bias_activation(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in list(graph.node):
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("Conv", "Gemm", "MatMul"):
             continue
-        if shapes.elem_type(node.output[0]) != onnx.TensorProto.FLOAT:
+        if _output_type(node, constants, shapes) != onnx.TensorProto.FLOAT:
             continue  # onnxruntime's fused kernels are float32 ones
         reader = only_reader(uses, outputs, node.output[0])
         if reader is None or reader.domain not in ("", "ai.onnx"):
@@ -140,13 +148,14 @@ def _fused_conv_residual(conv, add, uses, outputs, constants, shapes, opset):
     """Conv + Add(residual) + activation -> FusedConv with the residual as its Z input:
     (the fused node or None, the nodes it replaces after the Conv)."""
     z = [n for n in add.input if n != conv.output[0]]
-    if len(add.input) != 2 or len(z) != 1 or not shapes.same_shape(z[0], conv.output[0]):
+    if len(add.input) != 2 or len(z) != 1:
         return None, []
     act = only_reader(uses, outputs, add.output[0])
     if act is None or act.domain not in ("", "ai.onnx"):
         return None, []
     params = _activation_params("Conv", act, constants, opset)
-    if params is None:
+    # the shapes last: a residual that no activation follows needs no shape inference
+    if params is None or not shapes.same_shape(z[0], conv.output[0]):
         return None, []
     fused = _fused_with_activation(conv, act, params)
     inputs = list(conv.input) + [""] * (3 - len(conv.input))

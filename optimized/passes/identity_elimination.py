@@ -14,6 +14,7 @@ from ._graph import (
     copy_model,
     graph_output_names,
     node_inputs,
+    producers,
     rename_uses,
     set_nodes,
 )
@@ -21,20 +22,30 @@ from ._graph import (
 # the op types _passed_through can find passing their input on (any other: None)
 MAYBE_NO_OP = frozenset({"Identity", "Dropout", "Cast", "CastLike", "Reshape", "Transpose",
                          "Mul", "Div", "Add", "Sub"})
+# ai.onnx op types whose first output has the rank of their first input (Ranks follows them)
+SAME_RANK = frozenset({"Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Clip", "Elu", "Selu",
+                       "HardSigmoid", "Softplus", "Abs", "Neg", "Exp", "Log", "Sqrt", "Erf",
+                       "Identity", "Dropout", "Cast", "Conv", "BatchNormalization", "MaxPool",
+                       "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN", "Softmax",
+                       "LogSoftmax", "Concat", "Pad"})
+# ai.onnx op types whose output has the largest rank of their inputs (multidirectional
+# broadcasting)
+BROADCAST_RANK = frozenset({"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Mean", "Pow"})
 
 
 def eliminate_identities(model: onnx.ModelProto) -> onnx.ModelProto:
     model = copy_model(model)
     graph = model.graph
-    shapes = Shapes(model)
+    shapes = Shapes(model)  # inferred on its first question only
     constants = Constants(graph)
+    ranks = Ranks(graph, constants)
     nodes = list(graph.node)
     outputs = graph_output_names(graph)
     _unname_unread_dropout_masks(nodes, outputs)
     for node in list(nodes):
         if node.op_type not in MAYBE_NO_OP or node.domain not in ("", "ai.onnx"):
             continue
-        source = _passed_through(node, constants, shapes, model)
+        source = _passed_through(node, constants, shapes, model, ranks)
         if source is None:
             continue
         others = [n for n in nodes if n is not node]
@@ -73,11 +84,90 @@ def _bypass(others, outputs, source, result) -> bool:
     return True
 
 
-def _passed_through(node, constants, shapes, model):
+def _passed_through(node, constants, shapes, model, ranks):
     """The input a no-op node passes on unchanged, or None for any other node."""
     if node.op_type in ("Mul", "Div", "Add", "Sub"):
         return _neutral_arithmetic_input(node, constants, shapes)
+    if _changes_rank(node, constants, ranks):
+        return None  # decided without shape inference (all that light_shufflenet asked it)
     return node.input[0] if _is_no_op(node, constants, shapes, model) else None
+
+
+def _changes_rank(node, constants, ranks) -> bool:
+    """A Reshape to a constant shape of another length than its input's rank, as Ranks
+    follows it from the graph's declared inputs and constants."""
+    if node.op_type != "Reshape" or len(node.input) < 2 or not node.input[0]:
+        return False
+    target = constants.get(node.input[1])
+    if target is None or target.ndim != 1:
+        return False
+    rank = ranks.of(node.input[0])
+    return rank is not None and rank != target.size
+
+
+class Ranks:
+    """Ranks of a graph's values, followed from its declared inputs and constants through the
+    ops whose output rank their input ranks alone decide (None where that does not reach)."""
+
+    def __init__(self, graph, constants):
+        self._graph, self._constants = graph, constants
+        self._known: dict | None = None
+
+    def of(self, name: str):
+        if self._known is None:
+            self._known = self._declared()
+        made_by, known = producers(self._graph), self._known
+        stack = [name]
+        while stack:
+            top = stack[-1]
+            if top in known:
+                stack.pop()
+                continue
+            node = made_by.get(top)
+            needed = self._inputs_needed(node, top)
+            missing = [n for n in needed if n not in known]
+            if missing:
+                stack.extend(missing)
+                continue
+            known[top] = self._rank_of(node, [known[n] for n in needed])
+            stack.pop()
+        return known[name]
+
+    def _declared(self) -> dict:
+        known = {name: len(t.dims) for name, t in self._constants.tensors.items()}
+        for i in self._graph.input:
+            tensor_type = i.type.tensor_type if i.type.HasField("tensor_type") else None
+            known[i.name] = (len(tensor_type.shape.dim)
+                             if tensor_type is not None and tensor_type.HasField("shape")
+                             else None)
+        return known
+
+    @staticmethod
+    def _inputs_needed(node, name) -> list:
+        """The values whose ranks decide `name`'s (none where no rule follows it)."""
+        if node is None or node.domain not in ("", "ai.onnx") or node.output[0] != name:
+            return []
+        if node.op_type in SAME_RANK or (node.op_type == "Transpose" and attr(node, "perm")
+                                          is None):
+            return [node.input[0]] if node.input and node.input[0] else []
+        if node.op_type in BROADCAST_RANK:
+            return [n for n in node.input if n]
+        return []
+
+    def _rank_of(self, node, input_ranks: list):
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        op = node.op_type
+        if op == "Transpose" and (perm := attr(node, "perm")) is not None:
+            return len(perm)
+        if op == "Reshape" and len(node.input) > 1:
+            shape = self._constants.get(node.input[1])
+            return shape.size if shape is not None and shape.ndim == 1 else None
+        if op == "Flatten":
+            return 2
+        if not input_ranks or None in input_ranks:
+            return None
+        return max(input_ranks)
 
 
 def _is_no_op(node, constants, shapes, model) -> bool:
@@ -97,8 +187,8 @@ def _is_no_op(node, constants, shapes, model) -> bool:
         return shape is not None and shape == shapes.static_shape(node.output[0])
     if op == "Transpose":
         perm = attr(node, "perm")
-        rank = shapes.rank(node.input[0])
-        if perm is None:
+        if perm is None:  # (a perm decides without shape inference)
+            rank = shapes.rank(node.input[0])
             return rank is not None and rank <= 1
         return list(perm) == list(range(len(perm)))
     return False

@@ -11,6 +11,9 @@ from optimized.passes import _graph, optimize
 # the suite's models whose builders need no torch (the torch-style ones are exported by it),
 # and the decoders' other architectures
 SUITE = [n for n in models.NAMES if n not in models.TORCH_STYLE] + ["phi3", "llama_4bit"]
+# no pass asks these models' types: chain100 has no pattern that needs them, and the light
+# models' convolutions take their type from their weights and their Reshapes change rank
+ASKS_NO_TYPES = {models.CHAIN, "light_inception_v2", "light_squeezenet", "light_vgg19"}
 
 
 def _model(name):
@@ -54,7 +57,7 @@ def test_carried_types_are_those_full_inference_gives(monkeypatch, name):
     model = _model(name)
     asked = _answers(monkeypatch)
     optimize(model, 99)
-    assert asked or name == models.CHAIN  # chain100 has no pass that asks types
+    assert asked or name in ASKS_NO_TYPES
     fresh = {}
     for serialized, data_prop, asked_name, answer in asked:
         if (serialized, data_prop) not in fresh:

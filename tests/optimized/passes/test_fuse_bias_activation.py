@@ -1,9 +1,11 @@
 """fuse_bias_activation: Conv/Gemm + activation -> FusedConv/FusedGemm, MatMul + scale ->
 FusedMatMul (com.microsoft)."""
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from optimized.passes._graph import working_copy
 from optimized.passes.fuse_bias_activation import fuse_bias_activation
 
 from .helpers import assert_same_outputs, make_model, op_types
@@ -169,3 +171,18 @@ def test_conv_hard_swish_becomes_a_fused_function(out_hw, conv_attrs):
 def test_conv_hard_swish_without_bias_or_read_elsewhere_is_kept(variant):
     model = conv_hard_swish(**variant)
     assert op_types(fuse_bias_activation(model)) == op_types(model)
+
+
+@pytest.mark.parametrize("dtype,fused", [(np.float32, True), (np.float64, False)])
+def test_conv_type_is_read_from_its_weight_without_shape_inference(monkeypatch, dtype, fused):
+    model = conv_act("Relu", dtype=dtype)
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("shape inference was asked")
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", refuse)
+    with working_copy(model) as working:  # where Shapes infers on its first question only
+        rewritten = fuse_bias_activation(working.model)
+    expected = {"com.microsoft::FusedConv": 1} if fused else {"Conv": 1, "Relu": 1}
+    assert op_types(rewritten) == expected

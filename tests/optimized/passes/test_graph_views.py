@@ -136,3 +136,22 @@ def test_holds_subgraph_is_whether_subgraphs_yields_any():
                         (bare, False)):
         assert holds_subgraph(node) is holds
         assert any(True for _ in subgraphs(node)) is holds
+
+
+def test_holds_subgraph_reads_the_attributes_of_control_flow_and_other_domains_only():
+    from optimized.passes._graph import consumers, holds_subgraph
+
+    # the body reads "outer" from the enclosing graph: consumers must count the node reading it
+    body = helper.make_graph([helper.make_node("Add", ["v", "outer"], ["w"])], "body",
+                             [helper.make_tensor_value_info("v", 1, [1])],
+                             [helper.make_tensor_value_info("w", 1, [1])])
+    loop = helper.make_node("Loop", ["n", "", "v0"], ["y"], body=body)
+    scan = helper.make_node("Scan", ["v0"], ["y"], body=body, num_scan_inputs=1)
+    search = helper.make_node("BeamSearch", ["ids"], ["y"], domain="com.microsoft", decoder=body)
+    for node in (loop, scan, search):
+        assert holds_subgraph(node)
+        graph = helper.make_graph([node], "g", [], [])
+        assert consumers(graph)["outer"] == [node]
+    # an ai.onnx op with no graph in its schema is not looked into (onnx's checker refuses one)
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[1, 1], pads=[0, 0, 0, 0])
+    assert not holds_subgraph(conv)

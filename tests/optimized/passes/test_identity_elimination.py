@@ -1,10 +1,14 @@
 """identity_elimination: Identity, inference Dropout, same-type Cast, same-shape Reshape,
 identity Transpose, Mul/Div by 1 and Add/Sub of 0 are bypassed."""
 import numpy as np
+import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from optimized.passes.identity_elimination import eliminate_identities
+from optimized.passes._graph import Constants, working_copy
+from optimized.passes.identity_elimination import Ranks, eliminate_identities
 
 from .helpers import assert_same_outputs, make_model, op_types
 
@@ -121,3 +125,93 @@ def test_dropout_whose_mask_is_read_or_returned_stays(read, returned):
     rewritten = eliminate_identities(model)
     assert op_types(rewritten)["Dropout"] == 1
     assert list(rewritten.graph.node[1].output) == ["o", "mask"]
+
+
+def _no_shape_inference(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("shape inference was asked")
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", refuse)
+
+
+def test_reshape_to_another_rank_is_kept_without_shape_inference(monkeypatch):
+    # the light models' channel shuffle: [1, 6, 2, 2] -> [1, 2, 3, 2, 2] -> Transpose -> back
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Reshape", ["r", "split"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t", "merged"], ["y"])]
+    model = make_model(nodes, [("x", [1, 6, 2, 2])], [("y", [1, 6, 2, 2])],
+                       {"split": np.array([1, 2, 3, 2, 2]), "merged": np.array([1, 6, 2, 2])})
+    _no_shape_inference(monkeypatch)
+    with working_copy(model) as working:
+        rewritten = eliminate_identities(working.model)
+    assert op_types(rewritten) == op_types(model)
+
+
+def test_reshape_of_the_same_rank_still_asks_shape_inference():
+    model = chain("Reshape", "s", shape=(2, 3), initializers={"s": np.array([3, 2])})
+    with working_copy(model) as working:
+        assert op_types(eliminate_identities(working.model))["Reshape"] == 1
+    same = chain("Reshape", "s", initializers={"s": np.array([2, 3])})
+    with working_copy(same) as working:
+        assert op_types(eliminate_identities(working.model)) == {"Relu": 1, "Abs": 1}
+
+
+# a step of a random chain: (op type, how it changes the shape)
+STEPS = ["Relu", "Transpose", "TransposeDefault", "Reshape", "Add", "Flatten", "Concat", "Tile"]
+
+
+@st.composite
+def rank_chains(draw):
+    """A chain of rank-changing and rank-keeping ops from a random input shape, with its
+    initializers."""
+    shape = draw(st.lists(st.integers(1, 3), min_size=1, max_size=4))
+    nodes, inits, x, input_shape = [], {}, "x", list(shape)
+    for k, step in enumerate(draw(st.lists(st.sampled_from(STEPS), min_size=1, max_size=6))):
+        out = f"v{k}"
+        if step == "Relu":
+            nodes.append(helper.make_node("Relu", [x], [out]))
+        elif step == "Transpose":
+            perm = draw(st.permutations(range(len(shape))))
+            nodes.append(helper.make_node("Transpose", [x], [out], perm=list(perm)))
+            shape = [shape[p] for p in perm]
+        elif step == "TransposeDefault":
+            nodes.append(helper.make_node("Transpose", [x], [out]))
+            shape = shape[::-1]
+        elif step == "Reshape":
+            size = int(np.prod(shape))
+            shape = [size] if draw(st.booleans()) else [1, size, 1][:draw(st.integers(2, 3))]
+            inits[f"shape{k}"] = np.array(shape, np.int64)
+            nodes.append(helper.make_node("Reshape", [x, f"shape{k}"], [out]))
+        elif step == "Add":
+            rank = draw(st.integers(0, 5))
+            inits[f"c{k}"] = np.ones([1] * rank, np.float32)
+            nodes.append(helper.make_node("Add", [x, f"c{k}"], [out]))
+            shape = [1] * (rank - len(shape)) + shape
+        elif step == "Flatten":
+            nodes.append(helper.make_node("Flatten", [x], [out]))
+            shape = [1, int(np.prod(shape))]
+        elif step == "Concat":
+            nodes.append(helper.make_node("Concat", [x, x], [out], axis=0))
+            shape = [2 * shape[0]] + shape[1:]
+        else:  # Tile: no rule follows it
+            inits[f"reps{k}"] = np.ones(len(shape), np.int64)
+            nodes.append(helper.make_node("Tile", [x, f"reps{k}"], [out]))
+        x = out
+    return make_model(nodes, [("x", input_shape)], [(x, None)], inits)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rank_chains())
+def test_ranks_agree_with_shape_inference(model):
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
+    types = {v.name: v.type for v in [*inferred.value_info, *inferred.output]}
+    ranks = Ranks(model.graph, Constants(model.graph))
+    after_tile = False  # no rule follows a Tile, nor the ops after it that keep its rank
+    for node in model.graph.node:
+        name = node.output[0]
+        rank = ranks.of(name)
+        after_tile |= node.op_type == "Tile"
+        if rank is None:
+            assert after_tile and node.op_type not in ("Reshape", "Flatten"), node.op_type
+        else:
+            assert rank == len(types[name].tensor_type.shape.dim), (node.op_type, name)
