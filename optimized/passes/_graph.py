@@ -141,8 +141,9 @@ def holds_subgraph(node) -> bool:
     if node.op_type not in ONNX_SUBGRAPH_OPS and node.domain in ("", "ai.onnx"):
         return False
     attributes = node.attribute
-    return bool(attributes) and any(a.type == AttributeProto.GRAPH or (a.type == AttributeProto.GRAPHS and a.graphs)
-               for a in attributes)
+    return bool(attributes) and any(
+        a.type == AttributeProto.GRAPH or (a.type == AttributeProto.GRAPHS and a.graphs)
+        for a in attributes)
 
 
 def outer_names(graph) -> set[str]:
