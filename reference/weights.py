@@ -35,6 +35,8 @@ _SUB_BYTE = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "I
 _PACKED_4BIT = {TensorProto.INT4, TensorProto.UINT4}
 _NOT_DETACHED = (_SUB_BYTE - _PACKED_4BIT) | {TensorProto.STRING, TensorProto.UNDEFINED}
 
+CACHE_LINE = 64  # bytes
+
 _DATA_FIELDS = {"raw_data", "float_data", "int32_data", "string_data", "int64_data",
                 "double_data", "uint64_data"}
 
@@ -363,13 +365,14 @@ def _read_tensor(f, start: int, length: int, store: WeightStore) -> bytes:
     if raw is not None:
         at, size = raw
         if _detachable(tensor) and _raw_size_fits(tensor, size):
-            buffer = np.empty(size, np.uint8)
+            buffer = _line_aligned_empty(size)
             f.seek(at)
             if f.readinto(memoryview(buffer)) != size:
                 raise _Unreadable("the file ends early")
             # read-only down to its memory: a constant by the flags that the optimized
             # kernels' weight caches trust (the typed view below is all that stub() sees)
             buffer.setflags(write=False)
+            buffer.base.setflags(write=False)
             if tensor.data_type not in _PACKED_4BIT:
                 dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
                 buffer = buffer.view(dtype).reshape(tuple(tensor.dims))
@@ -377,6 +380,15 @@ def _read_tensor(f, start: int, length: int, store: WeightStore) -> bytes:
         else:
             tensor.raw_data = _read_exactly(f, at, size)
     return tensor.SerializeToString()
+
+
+def _line_aligned_empty(size: int) -> np.ndarray:
+    """Uninitialised uint8 memory of `size` bytes that starts on a cache line (NumPy's large
+    allocations start 16 bytes past a page): kernels that write whole lines with streaming
+    stores (the QDQ pass repacks codes into a released weight's memory) need line-aligned rows."""
+    memory = np.empty(size + CACHE_LINE - 1, np.uint8)
+    start = -memory.ctypes.data % CACHE_LINE
+    return memory[start:start + size]
 
 
 def _read_graph(f, start: int, length: int, store: WeightStore) -> bytes:

@@ -232,12 +232,13 @@ def _nbits_block(dq_block: int, k: int) -> int | None:
 
 
 def _reusable_memory(array: np.ndarray) -> np.ndarray | None:
-    """The memory under a released weight, as writable bytes, when nothing but the caller's one
-    name refers to the array or to its memory (no other view, no other holder), else None.
-    sys.getrefcount counts, beside any other holder, the caller's name, this function's own
-    names and its argument."""
+    """The memory under a released weight (the bytes the array covers), as writable bytes, when
+    nothing but the caller's one name refers to the array or to its memory (no other view, no
+    other holder), else None. sys.getrefcount counts, beside any other holder, the caller's
+    name, this function's own names and its argument."""
     root = array.base if array.base is not None else array
-    if not isinstance(root, np.ndarray) or root.base is not None or not root.flags.owndata:
+    if (not isinstance(root, np.ndarray) or root.base is not None or not root.flags.owndata
+            or not array.flags.c_contiguous):
         return None
     if root is array:
         if sys.getrefcount(array) > 4:  # the caller's name, array, root, the argument
@@ -245,7 +246,8 @@ def _reusable_memory(array: np.ndarray) -> np.ndarray | None:
     elif sys.getrefcount(array) > 3 or sys.getrefcount(root) > 3:  # root: array.base, root, argument
         return None
     root.setflags(write=True)
-    return root.reshape(-1).view(np.uint8)
+    start = array.ctypes.data - root.ctypes.data  # the store's file buffers start on a line
+    return root.reshape(-1).view(np.uint8)[start:start + array.nbytes]
 
 
 def _nbits_weights(graph, constants, held: dict[str, tuple], match: Match, taken: set[str],

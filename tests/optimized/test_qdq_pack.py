@@ -1,10 +1,12 @@
 """kernels.matmul_nbits_pack on 4-bit [K, N] codes (the QDQ weight form): csrc/nbits_pack.c
-transposes tiles of 32 source rows by 64 columns in AVX2 registers and does the edges byte by
-byte, so shapes here run past several tiles with every kind of edge (K odd, K and N not
-multiples of the tile). The expected layout is built code by code from its definition:
-weight row j holds codes (i, j) for i along K, two a byte, the first in the low nibble,
-then zeros to the end of its last block."""
+transposes tiles of 32 source rows by 64 columns in AVX-512 or AVX2 registers and does the
+edges byte by byte, so shapes here run past several tiles with every kind of edge (K odd, K
+and N not multiples of the tile), on every instruction level the machine has. The expected
+layout is built code by code from its definition: weight row j holds codes (i, j) for i along
+K, two a byte, the first in the low nibble, then zeros to the end of its last block."""
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -12,6 +14,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from optimized import kernels
+
+ISA_LEVELS = ("portable", "avx2", "avx512")
+
+
+@contextlib.contextmanager
+def isa_level(level: str):
+    """The kernels capped at `level` (skipped where the CPU lacks it), as they were after."""
+    before = kernels.isa()
+    if list(kernels.ISAS).index(kernels.limit_isa(level)) < list(kernels.ISAS).index(level):
+        kernels.limit_isa(before)
+        pytest.skip(f"this CPU does not run {level}")
+    try:
+        yield
+    finally:
+        kernels.limit_isa(before)
 
 
 def packed_4bit(codes: np.ndarray) -> np.ndarray:
@@ -45,26 +62,55 @@ def check_pack(k, n, block_size, signed, seed):
 @given(k=st.integers(1, 200), pairs=st.integers(1, 90),
        block_size=st.sampled_from([16, 32, 64, 128]), signed=st.booleans(),
        seed=st.integers(0, 2**16))
-def test_pack_4bit_matches_the_layout(k, pairs, block_size, signed, seed):
-    check_pack(k, 2 * pairs, block_size, signed, seed)
+@pytest.mark.parametrize("level", ISA_LEVELS)
+def test_pack_4bit_matches_the_layout(level, k, pairs, block_size, signed, seed):
+    with isa_level(level):
+        check_pack(k, 2 * pairs, block_size, signed, seed)
 
 
+@pytest.mark.parametrize("level", ISA_LEVELS)
 @pytest.mark.parametrize("k,n", [(32, 64), (64, 128), (96, 192), (33, 66), (127, 130),
-                                 (160, 62), (31, 256), (256, 100), (544, 192), (700, 258)])
-def test_pack_4bit_whole_tiles_and_edges(k, n):
+                                 (160, 62), (31, 256), (256, 100), (544, 192), (700, 258),
+                                 (1024, 320), (1120, 130)])
+def test_pack_4bit_whole_tiles_and_edges(level, k, n):
     """Whole tiles only, one code row or column pair past them, shapes with no whole tile
     along one axis (K < 32, N < 64), and K over one chunk of 512 rows (in blocks of 128 rows
     and fewer) with a strip of 32 byte columns or one byte column left past the 64-byte ones."""
-    check_pack(k, n, 32, signed=True, seed=k * n)
+    with isa_level(level):
+        check_pack(k, n, 32, signed=True, seed=k * n)
+
+
+@pytest.mark.parametrize("level", ISA_LEVELS)
+@pytest.mark.parametrize("offset", [0, 16, 1])
+@pytest.mark.parametrize("k,n", [(1024, 128), (640, 192), (1056, 64)])
+def test_pack_4bit_into_memory_on_and_off_a_cache_line(level, offset, k, n):
+    """AVX-512 writes a block of 128 source rows to each weight row as one 64-byte line,
+    streamed past the caches where B starts on a cache line and its rows are whole lines
+    (K a multiple of 128), else stored under a byte mask (the last block of a chunk, fewer
+    rows): B at offsets 0, 16 (NumPy's large arrays) and 1 from a line gives the same bytes."""
+    rng = np.random.default_rng(k + n + offset)
+    codes = rng.integers(0, 16, (k, n))
+    size = n * k // 2
+    memory = np.full(size + 128, 0xAB, np.uint8)
+    start = -memory.ctypes.data % 64 + offset
+    out = memory[start:start + size]
+    with isa_level(level):
+        got = kernels.matmul_nbits_pack(packed_4bit(codes), k=k, n=n, bits=4, block_size=32,
+                                        out=out)
+    assert np.shares_memory(got, memory)
+    np.testing.assert_array_equal(got.reshape(n, -1), expected_rows(codes, 32, 0))
+    assert (memory[:start] == 0xAB).all() and (memory[start + size:] == 0xAB).all()
 
 
 @settings(max_examples=40, deadline=None)
 @given(blocks=st.integers(1, 40), n=st.integers(1, 300), seed=st.integers(0, 2**16))
-def test_scales_are_transposed(blocks, n, seed):
+@pytest.mark.parametrize("level", ISA_LEVELS)
+def test_scales_are_transposed(level, blocks, n, seed):
     """kernels.matmul_nbits_scales: [blocks, N] to [N, blocks], 8 x 8 blocks in registers and
     the edges one by one (every remainder of both sides modulo 8 is drawn)."""
     scales = np.random.default_rng(seed).standard_normal((blocks, n), dtype=np.float32)
-    np.testing.assert_array_equal(kernels.matmul_nbits_scales(scales), scales.T)
+    with isa_level(level):
+        np.testing.assert_array_equal(kernels.matmul_nbits_scales(scales), scales.T)
 
 
 def test_scales_of_a_view_and_bad_scales():
@@ -128,15 +174,17 @@ def expected_rows_8bit(codes_kn: np.ndarray, block_size: int, offset: int) -> np
 @pytest.mark.parametrize("k,n", [(16, 32), (32, 64), (48, 96), (17, 33), (31, 63), (47, 100),
                                  (5, 7), (64, 31), (15, 32)])
 @pytest.mark.parametrize("signed", [False, True])
-def test_pack_8bit_whole_tiles_and_edges(k, n, signed):
+@pytest.mark.parametrize("level", ISA_LEVELS)
+def test_pack_8bit_whole_tiles_and_edges(k, n, signed, level):
     """8-bit [K, N] codes: tiles of 16 rows by 32 columns in AVX2 registers, edge rows and
     columns byte by byte; signed codes move by 128."""
     rng = np.random.default_rng(k * 1000 + n)
     codes = rng.integers(-128, 128, (k, n)) if signed else rng.integers(0, 256, (k, n))
     raw = (codes.reshape(-1) & 255).astype(np.uint8)
     for block_size in (16, 64):
-        packed = kernels.matmul_nbits_pack(raw, k=k, n=n, bits=8, block_size=block_size,
-                                           signed=signed)
+        with isa_level(level):
+            packed = kernels.matmul_nbits_pack(raw, k=k, n=n, bits=8, block_size=block_size,
+                                               signed=signed)
         assert packed.shape == (n, -(-k // block_size), block_size)
         np.testing.assert_array_equal(packed.reshape(n, -1),
                                       expected_rows_8bit(codes, block_size, 128 if signed else 0))

@@ -93,6 +93,22 @@ def test_stub_arrays_are_shared_by_model_copies_and_read_only(model_path):
     assert not tensor_array(stub).flags.writeable
 
 
+def test_file_arrays_start_on_a_cache_line_and_are_read_only_to_their_memory(model_path):
+    """Each array read from the file starts on a 64-byte line (the QDQ pass streams whole
+    lines into released ones) and is read-only down to the array that owns its memory, as the
+    optimized kernels' weight caches require of a constant."""
+    store = WeightStore()
+    read_model_file(model_path, store)
+    assert store.arrays
+    for array in store.arrays.values():
+        assert array.ctypes.data % 64 == 0
+        root = array
+        while isinstance(root.base, np.ndarray):
+            assert not root.flags.writeable
+            root = root.base
+        assert root.flags.owndata and not root.flags.writeable
+
+
 def test_the_evaluator_runs_a_model_with_stubs(model_path):
     store = WeightStore()
     model = read_model_file(model_path, store)
