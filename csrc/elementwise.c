@@ -146,9 +146,8 @@ static inline float min_nan(float a, float b) {
             }                                                                               \
     } while (0)
 
-VECTOR_CLONES
-static void binary_row(int op, const float *a, int64_t sa, const float *b, int64_t sb,
-                       float *y, int64_t n)
+static inline __attribute__((always_inline)) void binary_loops(
+    int op, const float *a, int64_t sa, const float *b, int64_t sb, float *y, int64_t n)
 {
     switch (op) {
     case BIN_ADD: BINARY_ROW(x + z); break;
@@ -159,6 +158,43 @@ static void binary_row(int op, const float *a, int64_t sa, const float *b, int64
     case BIN_MIN: BINARY_ROW(min_nan(x, z)); break;
     default: break;
     }
+}
+
+static void binary_portable(int op, const float *a, int64_t sa, const float *b, int64_t sb,
+                            float *y, int64_t n)
+{
+    binary_loops(op, a, sa, b, sb, y, n);
+}
+
+#if defined(__x86_64__)
+AVX2 static void binary_avx2(int op, const float *a, int64_t sa, const float *b, int64_t sb,
+                             float *y, int64_t n)
+{
+    binary_loops(op, a, sa, b, sb, y, n);
+}
+
+AVX512 static void binary_avx512(int op, const float *a, int64_t sa, const float *b, int64_t sb,
+                                 float *y, int64_t n)
+{
+    binary_loops(op, a, sa, b, sb, y, n);
+}
+#endif
+
+/* y[i] = a[i * sa] op b[i * sb] for i < n, built for the ISA level kernels_isa() allows. */
+static void binary_row(int op, const float *a, int64_t sa, const float *b, int64_t sb,
+                       float *y, int64_t n)
+{
+#if defined(__x86_64__)
+    if (have_avx512()) {
+        binary_avx512(op, a, sa, b, sb, y, n);
+        return;
+    }
+    if (have_avx2()) {
+        binary_avx2(op, a, sa, b, sb, y, n);
+        return;
+    }
+#endif
+    binary_portable(op, a, sa, b, sb, y, n);
 }
 
 void binary_f32(int op, const float *a, const int64_t *a_strides, const float *b,
@@ -184,11 +220,11 @@ void binary_f32(int op, const float *a, const int64_t *a_strides, const float *b
 
 enum { CHAIN_BLOCK = 1024 };
 
-/* acc[i] = acc[i] op side (or side op acc when swapped) for chain elements [start, start + len),
+/* acc[i] = src[i] op side (or side op src when swapped) for chain elements [start, start + len),
  * walked in runs over which the side value is one scalar (inner > 1: a channel of H*W values)
  * or a contiguous stretch of the side (inner == 1: a row vector, or the whole tensor). */
-static void chain_binary(int op, int swapped, float *acc, int64_t len, int64_t start,
-                         const float *side, int64_t period, int64_t inner)
+static void chain_binary(int op, int swapped, const float *src, float *acc, int64_t len,
+                         int64_t start, const float *side, int64_t period, int64_t inner)
 {
     for (int64_t i = 0; i < len;) {
         int64_t g = start + i, run, step;
@@ -203,9 +239,9 @@ static void chain_binary(int op, int swapped, float *acc, int64_t len, int64_t s
         }
         if (run > len - i) run = len - i;
         if (swapped)
-            binary_row(op, s, step, acc + i, 1, acc + i, run);
+            binary_row(op, s, step, src + i, 1, acc + i, run);
         else
-            binary_row(op, acc + i, 1, s, step, acc + i, run);
+            binary_row(op, src + i, 1, s, step, acc + i, run);
         i += run;
     }
 }
@@ -277,16 +313,18 @@ void chain_f32(const float *x, float *y, int64_t n, int n_ops, const int32_t *op
     PARALLEL_FOR(threads_for(work),
         for (int64_t blk = 0; blk < blocks; ++blk) {
             int64_t start = blk * CHAIN_BLOCK, len = n - start < CHAIN_BLOCK ? n - start : CHAIN_BLOCK;
-            float *acc = y + start; /* the block is worked in place in y, still in cache */
-            if (acc != x + start)
-                for (int64_t i = 0; i < len; ++i) acc[i] = x[start + i];
-            for (int k = 0; k < n_ops; ++k) {
+            /* the first op reads x into y's block, the rest work there in place, in cache */
+            float *acc = y + start;
+            const float *src = x + start;
+            if (n_ops == 0 && acc != src)
+                for (int64_t i = 0; i < len; ++i) acc[i] = src[i];
+            for (int k = 0; k < n_ops; ++k, src = acc) {
                 const int32_t *op = ops + 3 * k;
                 if (op[0] == CHAIN_ACTIVATION) {
-                    activate_inplace(acc, (size_t)len, op[1], params[2 * k], params[2 * k + 1]);
+                    activate_into(src, acc, (size_t)len, op[1], params[2 * k], params[2 * k + 1]);
                     continue;
                 }
-                chain_binary(op[1], op[2], acc, len, start, sides[k], geometry[2 * k],
+                chain_binary(op[1], op[2], src, acc, len, start, sides[k], geometry[2 * k],
                              geometry[2 * k + 1]);
             }
         });

@@ -282,3 +282,61 @@ def test_attention_nan_and_empty_rows(level, nan_key):
     np.testing.assert_allclose(got[0, 2, 0], attention_truth(q, k, v, mask, 8**-0.5)[0, 0, 2],
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(kernels.attention(q, k, v, mask)[0, 0, 1], 0.0)
+
+
+# --- RMS norm and the SiLU-gated product (csrc/rmsnorm.c, csrc/gated.c) --------------------
+
+@hsettings
+@given(rows=st.integers(1, 5), cols=st.integers(1, 100), with_skip=st.booleans(),
+       with_bias=st.booleans(), seed=st.integers(0, 1000))
+def test_rms_norm_matches_float64_at_each_level(rows, cols, with_skip, with_bias, seed):
+    x, scale = arrays(seed, rows, cols, scale=2.0), arrays(seed + 1, cols)
+    skip = arrays(seed + 2, rows, cols) if with_skip else None
+    bias = arrays(seed + 3, cols) if with_skip and with_bias else None
+    s = x.astype(np.float64) + (0 if skip is None else skip) + (0 if bias is None else bias)
+    want = s / np.sqrt((s * s).mean(-1, keepdims=True) + 1e-6) * scale
+    for level in LEVELS:
+        if LEVELS.index(level) > LEVELS.index(best_level()):
+            continue
+        before = kernels.isa()
+        kernels.limit_isa(level)
+        try:
+            got = kernels.rms_norm(x, scale, skip=skip, bias=bias, epsilon=1e-6)
+        finally:
+            kernels.limit_isa(before)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=level)
+
+
+def silu_mul_float64(gate, up):
+    g = gate.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return g / (1.0 + np.exp(-g)) * up
+
+
+@hsettings
+@given(rows=st.integers(1, 4), cols=st.integers(1, 100), halves=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_silu_mul_matches_float64_at_each_level(rows, cols, halves, seed):
+    gate, up = arrays(seed, rows, cols, scale=4.0), arrays(seed + 1, rows, cols)
+    want = silu_mul_float64(gate, up)
+    for level in LEVELS:
+        if LEVELS.index(level) > LEVELS.index(best_level()):
+            continue
+        before = kernels.isa()
+        kernels.limit_isa(level)
+        try:
+            got = (kernels.silu_mul(np.concatenate([gate, up], -1)) if halves
+                   else kernels.silu_mul(gate, up))
+        finally:
+            kernels.limit_isa(before)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=level)
+
+
+@pytest.mark.parametrize("offset", [0, 5, 16])
+def test_silu_mul_special_values(level, offset):
+    gate = np.concatenate([np.ones(offset, np.float32), SPECIAL])
+    got = kernels.silu_mul(gate, np.full_like(gate, 2.0))[offset:]
+    want = silu_mul_float64(SPECIAL, 2.0)
+    want[1] = np.nan  # -inf * sigmoid(-inf) = -inf * 0, as the decomposed graph gives
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
