@@ -27,9 +27,10 @@ static inline __attribute__((always_inline)) float unit_clamp(float v)
     return (v < 0.0f) ? 0.0f : (v > 1.0f) ? 1.0f : v;
 }
 
-/* y[i] = act(x[i]), y either x or apart from it.  Relu and Clip as comparisons that are false for NaN, so NaN propagates as
- * in the spec; HardSwish is x * clamp(x / 6 + 1/2) with the division as the reference writes
- * it (x * (1/6) rounds differently), so results agree to the ulp the product allows. */
+/* y[i] = act(x[i]), y either x or apart from it.  Relu and Clip as comparisons that are false
+ * for NaN, so NaN propagates as in the spec; HardSwish is x * clamp(x / 6 + 1/2) with the
+ * division as the reference writes it (x * (1/6) rounds differently), so results agree to the
+ * ulp the product allows. */
 static inline __attribute__((always_inline)) void activate_loops(const float *x, float *y,
                                                                  size_t n, int act, float alpha,
                                                                  float beta)

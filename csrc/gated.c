@@ -19,8 +19,8 @@ AVX512 static void silu_mul_row_avx512(const float *gate, const float *up, float
     for (size_t j = 0; j < cols; j += 16) {
         __mmask16 h = cols - j >= 16 ? 0xffff : vm512_head(cols - j);
         __m512 g = _mm512_maskz_loadu_ps(h, gate + j);
-        __m512 v = _mm512_mul_ps(_mm512_mul_ps(g, vm512_sigmoid(g)), _mm512_maskz_loadu_ps(h, up + j));
-        _mm512_mask_storeu_ps(y + j, h, v);
+        __m512 silu = _mm512_mul_ps(g, vm512_sigmoid(g));
+        _mm512_mask_storeu_ps(y + j, h, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(h, up + j)));
     }
 }
 #endif

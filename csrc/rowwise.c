@@ -152,7 +152,8 @@ AVX512 static void row_moments_avx512(const float *xr, size_t cols, float epsilo
         /* lanes past the row read 0: their (0 - mu)^2 is masked off */
         size_t valid = cols - j;
         __mmask8 keep_lo = valid >= 8 ? 0xff : (__mmask8)((1u << valid) - 1u);
-        __mmask8 keep_hi = valid >= 16 ? 0xff : valid <= 8 ? 0 : (__mmask8)((1u << (valid - 8)) - 1u);
+        __mmask8 keep_hi = valid >= 16 ? 0xff
+                           : valid <= 8 ? 0 : (__mmask8)((1u << (valid - 8)) - 1u);
         lo = _mm512_maskz_sub_pd(keep_lo, lo, m);
         hi = _mm512_maskz_sub_pd(keep_hi, hi, m);
         q_lo = _mm512_fmadd_pd(lo, lo, q_lo);

@@ -160,8 +160,8 @@ VM512 static inline __m512 vm512_tanh(__m512 x)
     series = _mm512_mul_ps(a2, _mm512_add_ps(_mm512_set1_ps(-1.0f / 3.0f), series));
     series = _mm512_mul_ps(a, _mm512_add_ps(_mm512_set1_ps(1.0f), series));
     __m512 e = vm512_exp(_mm512_add_ps(a, a));
-    __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.0f),
-                             _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+    __m512 two_over = _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+    __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.0f), two_over);
     __mmask16 small = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.0625f), _CMP_LT_OQ);
     return vm512_copysign(_mm512_mask_blend_ps(small, t, series), x);
 }
@@ -209,7 +209,8 @@ VM512 static inline __mmask16 vm512_head(size_t n)
             _mm512_storeu_ps((y) + vm_i_, F(_mm512_loadu_ps((x) + vm_i_)));                  \
         if (vm_i_ < (n)) {                                                                   \
             __mmask16 vm_m_ = vm512_head((n) - vm_i_);                                       \
-            _mm512_mask_storeu_ps((y) + vm_i_, vm_m_, F(_mm512_maskz_loadu_ps(vm_m_, (x) + vm_i_))); \
+            __m512 vm_v_ = F(_mm512_maskz_loadu_ps(vm_m_, (x) + vm_i_));                     \
+            _mm512_mask_storeu_ps((y) + vm_i_, vm_m_, vm_v_);                                \
         }                                                                                    \
     } while (0)
 
