@@ -14,8 +14,8 @@ enum { ROWS_PER_BLOCK = 64 };
 /* Softmax of one score row over its first `visible` keys; later keys get probability 0.  A
  * row that sees no key (all -inf) becomes zeros, as the ONNX Attention op defines it. */
 VECTOR_CLONES
-static void softmax_visible(float *row, int visible, int kv_len, const float *mask_row,
-                            int64_t mask_col_stride)
+static void softmax_visible_clones(float *row, int visible, int kv_len, const float *mask_row,
+                                   int64_t mask_col_stride)
 {
     float m = -INFINITY;
     for (int j = 0; j < visible; ++j) {
@@ -33,6 +33,35 @@ static void softmax_visible(float *row, int visible, int kv_len, const float *ma
     float inv = 1.0f / total;
     for (int j = 0; j < visible; ++j) row[j] *= inv;
     for (int j = visible; j < kv_len; ++j) row[j] = 0.0f;
+}
+
+#if defined(__x86_64__)
+AVX512 static void softmax_visible_avx512(float *row, int visible, int kv_len,
+                                          const float *mask_row, int64_t mask_col_stride)
+{
+    if (mask_row != NULL && mask_col_stride == 1)
+        for (int j = 0; j < visible; ++j) row[j] += mask_row[j];
+    else if (mask_row != NULL)
+        for (int j = 0; j < visible; ++j) row[j] += mask_row[j * mask_col_stride];
+    float m = vm512_row_max(row, (size_t)visible);
+    if (m == -INFINITY)
+        visible = 0;
+    float total = vm512_exp_shifted_sum(row, row, (size_t)visible, m);
+    vm512_scale(row, (size_t)visible, 1.0f / total);
+    for (int j = visible; j < kv_len; ++j) row[j] = 0.0f;
+}
+#endif
+
+static void softmax_visible(float *row, int visible, int kv_len, const float *mask_row,
+                            int64_t mask_col_stride)
+{
+#if defined(__x86_64__)
+    if (have_avx512()) {
+        softmax_visible_avx512(row, visible, kv_len, mask_row, mask_col_stride);
+        return;
+    }
+#endif
+    softmax_visible_clones(row, visible, kv_len, mask_row, mask_col_stride);
 }
 
 int attention_f32(const float *q, const float *k, const float *v, float *y, int batch,

@@ -15,87 +15,87 @@ void relu_f32(const float *x, float *y, size_t n)
     }
 }
 
-VECTOR_CLONES
-static void leaky_relu(float *y, size_t n, float slope)
-{
-    for (size_t i = 0; i < n; ++i)
-        y[i] = (y[i] < 0.0f) ? y[i] * slope : y[i];
-}
-
-VECTOR_CLONES
-static void sigmoid(float *y, size_t n)
-{
-    for (size_t i = 0; i < n; ++i)
-        y[i] = vm_sigmoid(y[i]);
-}
-
-VECTOR_CLONES
-static void tanh_(float *y, size_t n)
-{
-    for (size_t i = 0; i < n; ++i)
-        y[i] = vm_tanh(y[i]);
-}
-
-VECTOR_CLONES
-static void clip(float *y, size_t n, float lo, float hi)
-{
-    for (size_t i = 0; i < n; ++i) {
-        float v = y[i];
-        y[i] = (v < lo) ? lo : (v > hi) ? hi : v;
-    }
-}
-
-VECTOR_CLONES
-static void gelu_erf(float *y, size_t n)
-{
-    for (size_t i = 0; i < n; ++i)
-        y[i] = vm_gelu_erf(y[i]);
-}
-
-VECTOR_CLONES
-static void gelu_tanh(float *y, size_t n)
-{
-    for (size_t i = 0; i < n; ++i)
-        y[i] = vm_gelu_tanh(y[i]);
-}
+/* The activations as plain loops the compiler vectorises for whatever target includes them. */
+#define ACTIVATION_LOOP(EXPR)                                                                \
+    do {                                                                                     \
+        for (size_t i = 0; i < n; ++i) { float v = x[i]; y[i] = (EXPR); }                    \
+    } while (0)
 
 /* Comparisons that are false for NaN, so NaN propagates as in the reference's np.clip. */
-static inline float unit_clamp(float v)
+static inline __attribute__((always_inline)) float unit_clamp(float v)
 {
     return (v < 0.0f) ? 0.0f : (v > 1.0f) ? 1.0f : v;
 }
 
-VECTOR_CLONES
-static void hard_sigmoid(float *y, size_t n, float alpha, float beta)
-{
-    for (size_t i = 0; i < n; ++i)
-        y[i] = unit_clamp(alpha * y[i] + beta);
-}
-
-/* x * clamp(x / 6 + 1/2): the division as the reference writes it (x * (1/6) rounds
- * differently), so results agree to the ulp the product allows. */
-VECTOR_CLONES
-static void hard_swish(float *y, size_t n)
-{
-    for (size_t i = 0; i < n; ++i)
-        y[i] = y[i] * unit_clamp(y[i] / 6.0f + 0.5f);
-}
-
-VECTOR_CLONES
-void activate_inplace(float *y, size_t n, int act, float alpha, float beta)
+/* y[i] = act(x[i]), y either x or apart from it.  Relu and Clip as comparisons that are false
+ * for NaN, so NaN propagates as in the spec; HardSwish is x * clamp(x / 6 + 1/2) with the
+ * division as the reference writes it (x * (1/6) rounds differently), so results agree to the
+ * ulp the product allows. */
+static inline __attribute__((always_inline)) void activate_loops(const float *x, float *y,
+                                                                 size_t n, int act, float alpha,
+                                                                 float beta)
 {
     switch (act) {
-    case ACT_RELU: relu_f32(y, y, n); break;
-    case ACT_LEAKY_RELU: leaky_relu(y, n, alpha); break;
-    case ACT_SIGMOID: sigmoid(y, n); break;
-    case ACT_TANH: tanh_(y, n); break;
-    case ACT_CLIP: clip(y, n, alpha, beta); break;
-    case ACT_GELU: gelu_erf(y, n); break;
-    case ACT_GELU_TANH: gelu_tanh(y, n); break;
-    case ACT_HARD_SIGMOID: hard_sigmoid(y, n, alpha, beta); break;
-    case ACT_HARD_SWISH: hard_swish(y, n); break;
+    case ACT_RELU: ACTIVATION_LOOP((v < 0.0f) ? 0.0f : v); break;
+    case ACT_LEAKY_RELU: ACTIVATION_LOOP((v < 0.0f) ? v * alpha : v); break;
+    case ACT_SIGMOID: ACTIVATION_LOOP(vm_sigmoid(v)); break;
+    case ACT_TANH: ACTIVATION_LOOP(vm_tanh(v)); break;
+    case ACT_CLIP: ACTIVATION_LOOP((v < alpha) ? alpha : (v > beta) ? beta : v); break;
+    case ACT_GELU: ACTIVATION_LOOP(vm_gelu_erf(v)); break;
+    case ACT_GELU_TANH: ACTIVATION_LOOP(vm_gelu_tanh(v)); break;
+    case ACT_HARD_SIGMOID: ACTIVATION_LOOP(unit_clamp(alpha * v + beta)); break;
+    case ACT_HARD_SWISH: ACTIVATION_LOOP(v * unit_clamp(v / 6.0f + 0.5f)); break;
     default: break;
     }
+}
+
+static void activate_portable(const float *x, float *y, size_t n, int act, float alpha,
+                              float beta)
+{
+    activate_loops(x, y, n, act, alpha, beta);
+}
+
+#if defined(__x86_64__)
+AVX2 static void activate_avx2(const float *x, float *y, size_t n, int act, float alpha,
+                               float beta)
+{
+    activate_loops(x, y, n, act, alpha, beta);
+}
+
+/* The transcendental ones through vmath.h's 16-lane functions; the rest are the same loops
+ * built for AVX-512. */
+AVX512 static void activate_avx512(const float *x, float *y, size_t n, int act, float alpha,
+                                   float beta)
+{
+    switch (act) {
+    case ACT_SIGMOID: VM512_MAP(vm512_sigmoid, x, y, n); break;
+    case ACT_TANH: VM512_MAP(vm512_tanh, x, y, n); break;
+    case ACT_GELU: VM512_MAP(vm512_gelu_erf, x, y, n); break;
+    case ACT_GELU_TANH: VM512_MAP(vm512_gelu_tanh, x, y, n); break;
+    default: activate_loops(x, y, n, act, alpha, beta); break;
+    }
+}
+#endif
+
+/* y[i] = act(x[i]); y may be x. */
+static void activate_into(const float *x, float *y, size_t n, int act, float alpha, float beta)
+{
+#if defined(__x86_64__)
+    if (have_avx512()) {
+        activate_avx512(x, y, n, act, alpha, beta);
+        return;
+    }
+    if (have_avx2()) {
+        activate_avx2(x, y, n, act, alpha, beta);
+        return;
+    }
+#endif
+    activate_portable(x, y, n, act, alpha, beta);
+}
+
+void activate_inplace(float *y, size_t n, int act, float alpha, float beta)
+{
+    activate_into(y, y, n, act, alpha, beta);
 }
 
 enum { CHUNK = 4096 };
@@ -106,10 +106,7 @@ void activation_f32(const float *x, float *y, size_t n, int act, float alpha, fl
     PARALLEL_FOR(threads_for(n),
         for (size_t c = 0; c < chunks; ++c) {
             size_t start = c * CHUNK, len = (n - start < CHUNK) ? n - start : CHUNK;
-            if (x != y)
-                for (size_t i = 0; i < len; ++i)
-                    y[start + i] = x[start + i];
-            activate_inplace(y + start, len, act, alpha, beta);
+            activate_into(x + start, y + start, len, act, alpha, beta);
         });
 }
 
@@ -150,9 +147,8 @@ static inline float min_nan(float a, float b) {
             }                                                                               \
     } while (0)
 
-VECTOR_CLONES
-static void binary_row(int op, const float *a, int64_t sa, const float *b, int64_t sb,
-                       float *y, int64_t n)
+static inline __attribute__((always_inline)) void binary_loops(
+    int op, const float *a, int64_t sa, const float *b, int64_t sb, float *y, int64_t n)
 {
     switch (op) {
     case BIN_ADD: BINARY_ROW(x + z); break;
@@ -163,6 +159,43 @@ static void binary_row(int op, const float *a, int64_t sa, const float *b, int64
     case BIN_MIN: BINARY_ROW(min_nan(x, z)); break;
     default: break;
     }
+}
+
+static void binary_portable(int op, const float *a, int64_t sa, const float *b, int64_t sb,
+                            float *y, int64_t n)
+{
+    binary_loops(op, a, sa, b, sb, y, n);
+}
+
+#if defined(__x86_64__)
+AVX2 static void binary_avx2(int op, const float *a, int64_t sa, const float *b, int64_t sb,
+                             float *y, int64_t n)
+{
+    binary_loops(op, a, sa, b, sb, y, n);
+}
+
+AVX512 static void binary_avx512(int op, const float *a, int64_t sa, const float *b, int64_t sb,
+                                 float *y, int64_t n)
+{
+    binary_loops(op, a, sa, b, sb, y, n);
+}
+#endif
+
+/* y[i] = a[i * sa] op b[i * sb] for i < n, built for the ISA level kernels_isa() allows. */
+static void binary_row(int op, const float *a, int64_t sa, const float *b, int64_t sb,
+                       float *y, int64_t n)
+{
+#if defined(__x86_64__)
+    if (have_avx512()) {
+        binary_avx512(op, a, sa, b, sb, y, n);
+        return;
+    }
+    if (have_avx2()) {
+        binary_avx2(op, a, sa, b, sb, y, n);
+        return;
+    }
+#endif
+    binary_portable(op, a, sa, b, sb, y, n);
 }
 
 void binary_f32(int op, const float *a, const int64_t *a_strides, const float *b,
@@ -188,11 +221,11 @@ void binary_f32(int op, const float *a, const int64_t *a_strides, const float *b
 
 enum { CHAIN_BLOCK = 1024 };
 
-/* acc[i] = acc[i] op side (or side op acc when swapped) for chain elements [start, start + len),
+/* acc[i] = src[i] op side (or side op src when swapped) for chain elements [start, start + len),
  * walked in runs over which the side value is one scalar (inner > 1: a channel of H*W values)
  * or a contiguous stretch of the side (inner == 1: a row vector, or the whole tensor). */
-static void chain_binary(int op, int swapped, float *acc, int64_t len, int64_t start,
-                         const float *side, int64_t period, int64_t inner)
+static void chain_binary(int op, int swapped, const float *src, float *acc, int64_t len,
+                         int64_t start, const float *side, int64_t period, int64_t inner)
 {
     for (int64_t i = 0; i < len;) {
         int64_t g = start + i, run, step;
@@ -207,9 +240,9 @@ static void chain_binary(int op, int swapped, float *acc, int64_t len, int64_t s
         }
         if (run > len - i) run = len - i;
         if (swapped)
-            binary_row(op, s, step, acc + i, 1, acc + i, run);
+            binary_row(op, s, step, src + i, 1, acc + i, run);
         else
-            binary_row(op, acc + i, 1, s, step, acc + i, run);
+            binary_row(op, src + i, 1, s, step, acc + i, run);
         i += run;
     }
 }
@@ -281,16 +314,18 @@ void chain_f32(const float *x, float *y, int64_t n, int n_ops, const int32_t *op
     PARALLEL_FOR(threads_for(work),
         for (int64_t blk = 0; blk < blocks; ++blk) {
             int64_t start = blk * CHAIN_BLOCK, len = n - start < CHAIN_BLOCK ? n - start : CHAIN_BLOCK;
-            float *acc = y + start; /* the block is worked in place in y, still in cache */
-            if (acc != x + start)
-                for (int64_t i = 0; i < len; ++i) acc[i] = x[start + i];
-            for (int k = 0; k < n_ops; ++k) {
+            /* the first op reads x into y's block, the rest work there in place, in cache */
+            float *acc = y + start;
+            const float *src = x + start;
+            if (n_ops == 0 && acc != src)
+                for (int64_t i = 0; i < len; ++i) acc[i] = src[i];
+            for (int k = 0; k < n_ops; ++k, src = acc) {
                 const int32_t *op = ops + 3 * k;
                 if (op[0] == CHAIN_ACTIVATION) {
-                    activate_inplace(acc, (size_t)len, op[1], params[2 * k], params[2 * k + 1]);
+                    activate_into(src, acc, (size_t)len, op[1], params[2 * k], params[2 * k + 1]);
                     continue;
                 }
-                chain_binary(op[1], op[2], acc, len, start, sides[k], geometry[2 * k],
+                chain_binary(op[1], op[2], src, acc, len, start, sides[k], geometry[2 * k],
                              geometry[2 * k + 1]);
             }
         });

@@ -23,8 +23,8 @@ enum { GQA_ROWS_PER_BLOCK = 64, GQA_MIN_ROWS_PER_BLOCK = 16, GQA_MIN_UNITS = 4 }
  * `width` entries become 0.  A row that sees no finite score gets zeros, or NaN with
  * empty_nan (as ONNX Softmax gives over a row of -inf). */
 VECTOR_CLONES
-static void softmax_window(float *row, int64_t lo, int64_t hi, int64_t width,
-                           const float *mask_row, int64_t mask_col_stride, int empty_nan)
+static void softmax_window_clones(float *row, int64_t lo, int64_t hi, int64_t width,
+                                  const float *mask_row, int64_t mask_col_stride, int empty_nan)
 {
     float m = -INFINITY;
     if (mask_row != NULL)
@@ -52,6 +52,41 @@ static void softmax_window(float *row, int64_t lo, int64_t hi, int64_t width,
     }
     float inv = 1.0f / total;
     for (int64_t j = lo; j < hi; ++j) row[j] *= inv;
+}
+
+#if defined(__x86_64__)
+AVX512 static void softmax_window_avx512(float *row, int64_t lo, int64_t hi, int64_t width,
+                                         const float *mask_row, int64_t mask_col_stride,
+                                         int empty_nan)
+{
+    if (mask_row != NULL && mask_col_stride == 1)
+        for (int64_t j = lo; j < hi; ++j) row[j] += mask_row[j];
+    else if (mask_row != NULL)
+        for (int64_t j = lo; j < hi; ++j) row[j] += mask_row[j * mask_col_stride];
+    size_t n = hi > lo ? (size_t)(hi - lo) : 0;
+    float m = vm512_row_max(row + (hi > lo ? lo : 0), n);
+    for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
+    for (int64_t j = hi > lo ? hi : lo; j < width; ++j) row[j] = 0.0f;
+    if (m == -INFINITY || n == 0) {
+        float fill = empty_nan ? NAN : 0.0f;
+        for (int64_t j = lo; j < hi; ++j) row[j] = fill;
+        return;
+    }
+    float total = vm512_exp_shifted_sum(row + lo, row + lo, n, m);
+    vm512_scale(row + lo, n, 1.0f / total);
+}
+#endif
+
+static void softmax_window(float *row, int64_t lo, int64_t hi, int64_t width,
+                           const float *mask_row, int64_t mask_col_stride, int empty_nan)
+{
+#if defined(__x86_64__)
+    if (have_avx512()) {
+        softmax_window_avx512(row, lo, hi, width, mask_row, mask_col_stride, empty_nan);
+        return;
+    }
+#endif
+    softmax_window_clones(row, lo, hi, width, mask_row, mask_col_stride, empty_nan);
 }
 
 /* Keys [lo, hi) that query row i of batch b sees. */

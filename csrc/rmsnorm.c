@@ -6,9 +6,9 @@
 #include "kernels.h"
 #include "internal.h"
 
-VECTOR_CLONES
-static void rms_row(const float *x, const float *skip, const float *bias, const float *scale,
-                    float *y, float *sum, float *inv_rms, size_t cols, float epsilon)
+static inline __attribute__((always_inline)) void rms_row_body(
+    const float *x, const float *skip, const float *bias, const float *scale, float *y, float *sum,
+    float *inv_rms, size_t cols, float epsilon)
 {
     const float *s = x;
     if (skip != NULL) {
@@ -26,6 +26,32 @@ static void rms_row(const float *x, const float *skip, const float *bias, const 
     float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)epsilon));
     for (size_t j = 0; j < cols; ++j) y[j] = s[j] * inv * scale[j];
     if (inv_rms != NULL) *inv_rms = inv;
+}
+
+/* rms_row_body built for each ISA level, chosen by kernels_isa() */
+#define RMS_ROW_PARAMS                                                                      \
+    (const float *x, const float *skip, const float *bias, const float *scale, float *y,     \
+     float *sum, float *inv_rms, size_t cols, float epsilon)
+#define RMS_ROW_ARGS (x, skip, bias, scale, y, sum, inv_rms, cols, epsilon)
+static void rms_row_portable RMS_ROW_PARAMS { rms_row_body RMS_ROW_ARGS; }
+#if defined(__x86_64__)
+AVX2 static void rms_row_avx2 RMS_ROW_PARAMS { rms_row_body RMS_ROW_ARGS; }
+AVX512 static void rms_row_avx512 RMS_ROW_PARAMS { rms_row_body RMS_ROW_ARGS; }
+#endif
+
+static void rms_row RMS_ROW_PARAMS
+{
+#if defined(__x86_64__)
+    if (have_avx512()) {
+        rms_row_avx512 RMS_ROW_ARGS;
+        return;
+    }
+    if (have_avx2()) {
+        rms_row_avx2 RMS_ROW_ARGS;
+        return;
+    }
+#endif
+    rms_row_portable RMS_ROW_ARGS;
 }
 
 void rmsnorm_last_f32(const float *x, const float *skip, const float *bias, const float *scale,
