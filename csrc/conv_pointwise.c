@@ -18,7 +18,7 @@
 
 #if defined(__x86_64__)
 
-enum { TILE_M = 6, TILE_N = 16 };
+enum { TILE_M = 6, TILE_N = 16, PREFETCH_STEPS = 16 };
 
 /* Row i of a tile: s0, s1 (the second used where nv is 2) plus bias, residual, ReLU, stored;
  * the last vector's lanes past `mask` are neither read nor written when masked. */
@@ -60,11 +60,12 @@ finish_row(const int nv, const int masked, __m256 s0, __m256 s1, __m256i mask, c
 /* One tile of mr x (8 * nv) outputs: panel holds the tile's b values, 16 a step of k (see
  * pack_panels).  The sums start at 0 for the first slice of k, else from y.  The accumulators
  * are named variables, not an array: GCC keeps an array of vectors in memory, storing it on
- * every step of k. */
+ * every step of k.  next_w: NULL, or the weights of the next tile's next_mr rows (ldw apart),
+ * fetched into L1 a cache line per row every 16 steps of k (see gemm_rows). */
 AVX2 static inline __attribute__((always_inline)) void
 tile(const int mr, const int nv, const int masked, int64_t depth, const float *w, int64_t ldw,
      const float *panel, __m256i mask, const float *bias, const float *res, float *y,
-     int64_t ldy, int relu, int first)
+     int64_t ldy, int relu, int first, const float *next_w, int next_mr)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -73,18 +74,24 @@ tile(const int mr, const int nv, const int masked, int64_t depth, const float *w
     }
     const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw, *w4 = w + 4 * ldw,
                 *w5 = w + 5 * ldw;
-    for (int64_t k = 0; k < depth; ++k) {
-        const float *b = panel + k * TILE_N;
-        __m256 b0 = _mm256_load_ps(b), b1 = nv == 2 ? _mm256_load_ps(b + 8) : b0;
+    for (int64_t k0 = 0; k0 < depth; k0 += PREFETCH_STEPS) {
+        int64_t k1 = k0 + PREFETCH_STEPS < depth ? k0 + PREFETCH_STEPS : depth;
+        if (next_w != NULL)
+            for (int i = 0; i < next_mr; ++i)
+                _mm_prefetch((const char *)(next_w + i * ldw + k0), _MM_HINT_T0);
+        for (int64_t k = k0; k < k1; ++k) {
+            const float *b = panel + k * TILE_N;
+            __m256 b0 = _mm256_load_ps(b), b1 = nv == 2 ? _mm256_load_ps(b + 8) : b0;
 #define TILE_STEP(i)                                                                       \
-        if (mr > i) {                                                                      \
-            __m256 a = _mm256_broadcast_ss(w##i + k);                                      \
-            c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);                                     \
-            if (nv == 2)                                                                   \
-                c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);                                 \
-        }
-        TILE_STEP(0) TILE_STEP(1) TILE_STEP(2) TILE_STEP(3) TILE_STEP(4) TILE_STEP(5)
+            if (mr > i) {                                                                  \
+                __m256 a = _mm256_broadcast_ss(w##i + k);                                  \
+                c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);                                 \
+                if (nv == 2)                                                               \
+                    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);                             \
+            }
+            TILE_STEP(0) TILE_STEP(1) TILE_STEP(2) TILE_STEP(3) TILE_STEP(4) TILE_STEP(5)
 #undef TILE_STEP
+        }
     }
 #define TILE_FINISH(i)                                                                     \
     if (mr > i)                                                                            \
@@ -164,11 +171,12 @@ AVX2 static void pack_panels(const float *const *rows, int64_t depth, int64_t co
         pack_by_panel(rows, depth, col0, col1, panels);
 }
 
-/* The tiles of mr output channels over columns [col0, col1), from their packed panels. */
+/* The tiles of mr output channels over columns [col0, col1), from their packed panels; the
+ * first one prefetches the next tile row's weights (next_w, next_mr as tile's). */
 AVX2 static inline __attribute__((always_inline)) void
 tile_row(const int mr, int64_t depth, const float *w, int64_t ldw, const float *panels,
          int64_t col0, int64_t col1, const float *bias, const float *res, float *y, int64_t ldy,
-         int relu, int first)
+         int relu, int first, const float *next_w, int next_mr)
 {
     int64_t col = col0;
     __m256i ones = _mm256_set1_epi32(-1);
@@ -176,7 +184,7 @@ tile_row(const int mr, int64_t depth, const float *w, int64_t ldw, const float *
     for (; col + TILE_N <= col1; col += TILE_N) {
         res_at = res != NULL ? res + col : NULL;
         tile(mr, 2, 0, depth, w, ldw, panels + (col - col0) / TILE_N * panel_stride(depth), ones,
-             bias, res_at, y + col, ldy, relu, first);
+             bias, res_at, y + col, ldy, relu, first, col == col0 ? next_w : NULL, next_mr);
     }
     int64_t left = col1 - col;
     if (left == 0)
@@ -186,10 +194,13 @@ tile_row(const int mr, int64_t depth, const float *w, int64_t ldw, const float *
     __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)in_last),
                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const float *p = panels + (col - col0) / TILE_N * panel_stride(depth);
+    const float *pf = col == col0 ? next_w : NULL;
     if (left > 8)
-        tile(mr, 2, 1, depth, w, ldw, p, mask, bias, res_at, y + col, ldy, relu, first);
+        tile(mr, 2, 1, depth, w, ldw, p, mask, bias, res_at, y + col, ldy, relu, first, pf,
+             next_mr);
     else
-        tile(mr, 1, 1, depth, w, ldw, p, mask, bias, res_at, y + col, ldy, relu, first);
+        tile(mr, 1, 1, depth, w, ldw, p, mask, bias, res_at, y + col, ldy, relu, first, pf,
+             next_mr);
 }
 
 enum { DEPTH_SLICE = 256, DOT_TAIL = 2 };
@@ -262,13 +273,16 @@ AVX2 static void gemm_rows(int64_t m0, int64_t m1, int64_t depth, const float *w
             const float *wm = w + m * ldw + k0, *bm = bs != NULL ? bs + m : NULL;
             const float *rm = rs != NULL ? rs + m * ldy : NULL;
             float *ym = y + m * ldy;
+            int64_t next = m + TILE_M;
+            const float *nw = next < m1 ? wm + TILE_M * ldw : NULL;
+            int nmr = (int)(m1 - next < TILE_M ? m1 - next : TILE_M);
             switch (mr) {
-            case 6: tile_row(6, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first); break;
-            case 5: tile_row(5, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first); break;
-            case 4: tile_row(4, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first); break;
-            case 3: tile_row(3, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first); break;
-            case 2: tile_row(2, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first); break;
-            default: tile_row(1, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first); break;
+            case 6: tile_row(6, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first, nw, nmr); break;
+            case 5: tile_row(5, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first, nw, nmr); break;
+            case 4: tile_row(4, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first, nw, nmr); break;
+            case 3: tile_row(3, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first, nw, nmr); break;
+            case 2: tile_row(2, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first, nw, nmr); break;
+            default: tile_row(1, kd, wm, ldw, panels, col0, tiled, bm, rm, ym, ldy, rl, first, nw, nmr); break;
             }
             if (tail > 0)
                 dot_tail(mr, kd, wm, ldw, xcol, tail, bm, rm != NULL ? rm + tiled : NULL,
