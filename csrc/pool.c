@@ -2,7 +2,9 @@
  * padded row (contiguous, so it vectorises), then that row's columns are reduced along x.  Max
  * and sum both split this way (the average divides by the taps counted per row times those per
  * column).  A padded row longer than PADDED_ROW_LIMIT falls back to reducing tap by tap over
- * whole output rows (huge pads). */
+ * whole output rows (huge pads).  The vector paths (AVX2, AVX-512, chosen at run time by
+ * have_avx2 / have_avx512) keep that order of operations (tests hold the stride-2 paths of every
+ * level to the same bits). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -869,8 +871,8 @@ static int avx512_ready(void)
 
 enum { FAST_NONE, FAST_S2K3, FAST_S1, FAST_S2_NARROW, FAST_S2_AVX512, FAST_S2_NARROW_AVX512 };
 
-/* One plane by an AVX2 path (stride 2 with 3 taps, or stride 1) or pool_plane; t holds the padded row and
- * the even and odd columns after it. */
+/* One plane by an AVX-512 path (stride 2 with 2 or 3 taps), an AVX2 path (the same, or stride
+ * 1) or pool_plane; t holds the padded row and the even and odd columns after it. */
 static void pool_one_plane(const pool_geometry *gm, int fast, const float *xp, float *yp,
                            float *t, const float *col_count)
 {
