@@ -615,10 +615,9 @@ AVX512 static void pool_plane_s2_avx512(const pool_geometry *gm, const float *xp
  * planes of 55x55: 94 us against the AVX2 register path's 79). */
 AVX512 static inline __attribute__((always_inline)) void
 s2_narrow_plane_avx512(const pool_geometry *gm, const float *xp, float *yp, const float *col_count,
-                       const int blocks)
+                       const int blocks, const int is_max, const int three)
 {
     const int64_t in_w = gm->in_w, out_w = gm->out_w, pad_left = gm->pad_left;
-    const int is_max = gm->is_max, three = gm->k_w == 3;
     const __m512 fill = _mm512_set1_ps(is_max ? -INFINITY : 0.0f), one = _mm512_set1_ps(1.0f);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
                                            30);
@@ -667,10 +666,18 @@ s2_narrow_plane_avx512(const pool_geometry *gm, const float *xp, float *yp, cons
 AVX512 static void pool_plane_s2_narrow_avx512(const pool_geometry *gm, const float *xp,
                                                float *yp, const float *col_count)
 {
-    if (gm->out_w <= 16)
-        s2_narrow_plane_avx512(gm, xp, yp, col_count, 1);
-    else
-        s2_narrow_plane_avx512(gm, xp, yp, col_count, 2);
+    /* blocks, the reduction and the taps as constants: each combination its own loop */
+    const int three = gm->k_w == 3, key = 4 * (gm->out_w > 16) + 2 * gm->is_max + three;
+    switch (key) {
+    case 0: s2_narrow_plane_avx512(gm, xp, yp, col_count, 1, 0, 0); break;
+    case 1: s2_narrow_plane_avx512(gm, xp, yp, col_count, 1, 0, 1); break;
+    case 2: s2_narrow_plane_avx512(gm, xp, yp, col_count, 1, 1, 0); break;
+    case 3: s2_narrow_plane_avx512(gm, xp, yp, col_count, 1, 1, 1); break;
+    case 4: s2_narrow_plane_avx512(gm, xp, yp, col_count, 2, 0, 0); break;
+    case 5: s2_narrow_plane_avx512(gm, xp, yp, col_count, 2, 0, 1); break;
+    case 6: s2_narrow_plane_avx512(gm, xp, yp, col_count, 2, 1, 0); break;
+    default: s2_narrow_plane_avx512(gm, xp, yp, col_count, 2, 1, 1);
+    }
 }
 
 /* pool_plane_flat3_avx2 on 16 lanes, for any row width: a band's last vector is cut short by
