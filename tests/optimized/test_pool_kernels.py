@@ -1,15 +1,19 @@
 """csrc/pool.c against the reference MaxPool/AveragePool on rows wide enough for its vector
 paths: the padded-row path (any geometry), the AVX2 paths for stride 2 with 2 or 3 taps along x
-and for stride 1 along x (their 8-lane loops and masked last lanes), the flat path for
-stride-1 "same" pools (inception's 3x3 pad 1, planes reduced as one run), and one window over
-each whole plane.  Also NaN in
-the last lanes, thread-count invariance, and the plan's PLAN_POOL step against the Python
-kernel bit for bit."""
+and for stride 1 along x (their 8-lane loops and masked last lanes), the AVX-512 paths for
+stride 2 (rows of up to 32 outputs in registers, longer rows 16 outputs a step, any left pad)
+and for "same" 3-tap pools on rows under 8, the flat path
+for stride-1 "same" pools (inception's 3x3 pad 1, planes reduced as one run), and one window
+over each whole plane.  Also NaN in the last lanes, thread-count invariance, the same bits at
+every vector level, and the plan's PLAN_POOL step against the Python kernel bit for bit.
+
+Every test runs at each vector level the CPU has (kernels.limit_isa: portable, avx2, avx512),
+so that one AVX-512 machine tests the AVX2 and portable paths too."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
@@ -19,7 +23,28 @@ from optimized.kernels import lib
 from optimized.plan import Plan
 from reference import ReferenceEvaluator
 
-hsettings = settings(max_examples=60, deadline=None)
+# the ISA level is set once per test by an autouse fixture and holds for all its examples
+hsettings = settings(max_examples=60, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+ISA_LEVELS = ("portable", "avx2", "avx512")
+
+
+def available_isa_levels() -> list[str]:
+    before = kernels.isa()
+    best = kernels.limit_isa("avx512")
+    kernels.limit_isa(before)
+    return list(ISA_LEVELS[:ISA_LEVELS.index(best) + 1])
+
+
+@pytest.fixture(autouse=True, params=ISA_LEVELS)
+def isa_level(request):
+    """The test at one vector level; a level above the CPU's is skipped."""
+    if request.param not in available_isa_levels():
+        pytest.skip(f"this CPU has no {request.param}")
+    before = kernels.isa()
+    kernels.limit_isa(request.param)
+    yield request.param
+    kernels.limit_isa(before)
 
 
 def pool_model(op_type, shape, opset=19, **attrs):
@@ -130,11 +155,12 @@ def test_same_stride_1_pools_match_reference(op_type, c):
 
 @st.composite
 def same_three_tap_pools(draw):
-    """same_pools with 3 taps along x, one padding column each side and rows of 8 or more (the
-    flat path's register loop: inception's 3x3 pad 1 pools); rows padded, dilated, counted any
-    way; NaN now and then, often in a first or last column (the masked loads)."""
+    """same_pools with 3 taps along x and one padding column each side (the flat path's register
+    loops: inception's 3x3 pad 1 pools; rows of 8 or more in AVX2, shorter ones in AVX-512);
+    rows padded, dilated, counted any way; NaN now and then, often in a first or last column
+    (the masked loads)."""
     kh = draw(st.integers(1, 5))
-    w = draw(st.integers(8, 37))
+    w = draw(st.one_of(st.integers(8, 37), st.integers(1, 7)))
     return {
         "shape": (draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 19)), w),
         "kernel_shape": [kh, 3], "strides": [1, 1], "dilations": [draw(st.integers(1, 2)), 1],
@@ -193,6 +219,73 @@ def test_narrow_stride_2_pools_match_reference(op_type, c):
             at = at - at % w + w - 1
         x.reshape(-1)[at] = np.nan
     check_pool_matches_reference(op_type, x, c)
+
+
+@st.composite
+def wide_stride_2_pools(draw):
+    """Stride 2 along x with 2 or 3 taps, rows up to 40 columns or from 60 to 140, padded on
+    the left or not (the AVX-512 paths: up to 32 outputs a row in registers, in one or two
+    sixteens, longer rows 16 outputs a step: squeezenet's 111x111 and the 112x112 max pools, the
+    padded 3x3 average pools of shufflenet); rows padded, strided, dilated, counted any way;
+    NaN now and then, often in a row's first or last column."""
+    kh, kw = draw(st.integers(1, 4)), draw(st.sampled_from([2, 3]))
+    return {
+        "shape": (draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 9)),
+                  draw(st.one_of(st.integers(kw, 40), st.integers(60, 140)))),
+        "kernel_shape": [kh, kw], "strides": [draw(st.integers(1, 3)), 2],
+        "dilations": [draw(st.integers(1, 2)), 1],
+        "pads": [draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1)),
+                 draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))],
+        "ceil_mode": draw(st.booleans()), "count_include_pad": draw(st.booleans()),
+        "seed": draw(st.integers(0, 1000)), "nan": draw(st.booleans()),
+        "nan_column": draw(st.sampled_from(["first", "last", None])),
+    }
+
+
+def nan_in(x, c):
+    """x with one NaN where c puts it (a row's first or last column, or anywhere)."""
+    if c["nan"]:
+        w = x.shape[-1]
+        at = c["seed"] % x.size
+        if c["nan_column"] == "first":
+            at -= at % w
+        elif c["nan_column"] == "last":
+            at = at - at % w + w - 1
+        x.reshape(-1)[at] = np.nan
+    return x
+
+
+@hsettings
+@given(c=wide_stride_2_pools())
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_wide_stride_2_pools_match_reference(op_type, c):
+    assume(fits(c))
+    check_pool_matches_reference(op_type, nan_in(data(c), c), c)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(c=st.one_of(wide_stride_2_pools(), narrow_stride_2_pools()))
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_every_vector_level_gives_the_same_bits(op_type, c, isa_level):
+    # each path reduces rows first, then columns, in the same order: the same float32 sums
+    if isa_level != ISA_LEVELS[0]:
+        pytest.skip("runs every level itself, once")
+    assume(fits(c))
+    x = nan_in(data(c), c) if "nan_column" in c else data(c)
+    attrs = dict(window(c), ceil_mode=c["ceil_mode"])
+    if op_type == "AveragePool":
+        attrs["count_include_pad"] = c["count_include_pad"]
+    run = kernels.average_pool2d if op_type == "AveragePool" else kernels.max_pool2d
+    before = kernels.isa()
+    try:
+        results = []
+        for level in available_isa_levels():
+            kernels.limit_isa(level)
+            results.append(run(x, **attrs).tobytes())
+    finally:
+        kernels.limit_isa(before)
+    assert all(r == results[0] for r in results)
 
 
 def test_hand_checked_same_average_pool():
@@ -267,9 +360,11 @@ def test_same_result_at_one_and_two_threads(op_type):
             results.append(fn(x[:, :, :7, :7], [3, 3], pads=[1, 1, 1, 1]))  # rows under 8
             results.append(fn(x[:, :, :, :28], [2, 2], strides=[2, 2]))  # the narrow path
             results.append(fn(wide, [3, 3], strides=[2, 2]))  # narrow in 8 vectors
+            results.append(fn(np.concatenate([wide, wide], axis=3), [3, 3], strides=[2, 2],
+                              pads=[0, 1, 1, 1]))  # 110 columns: AVX-512's stride 2
     finally:
         kernels.set_num_threads(before)
-    for one, two in zip(results[:5], results[5:]):
+    for one, two in zip(results[:6], results[6:]):
         assert one.tobytes() == two.tobytes()
 
 
