@@ -305,18 +305,17 @@ AVX2 static void gemv8_avx2(const nbits_weights *w, const float *a_pad, float *y
 #if defined(__x86_64__)
 /* --- decode on AVX-512: 16 codes a vector ------------------------------------------------- */
 
-/* 2^23 + code, as floats, for the 16 4-bit codes in the 8 bytes at q (low nibble first): the
- * nibbles interleaved into 16 bytes in code order, widened to dwords and OR-ed into the
- * exponent of 2^23 (as on AVX2), so one subtraction of 2^23 + zero point gives code - zero
- * point exactly. */
-AVX512 static inline __m512 codes16_avx512(__m128i bytes8, int high)
+/* The 16 4-bit codes in the 8 bytes of bytes8 (low nibble first) as floats, in order: the
+ * nibbles interleaved into 16 bytes, widened to dwords, OR-ed into the exponent of 2^23 and
+ * 2^23 taken off again (exact). */
+AVX512 static inline __m512 codes16_avx512(__m128i bytes8)
 {
     const __m128i low_nibbles = _mm_set1_epi8(0x0F);
     __m128i lo = _mm_and_si128(bytes8, low_nibbles);
     __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes8, 4), low_nibbles);
-    __m128i ordered = high ? _mm_unpackhi_epi8(lo, hi) : _mm_unpacklo_epi8(lo, hi);
-    return _mm512_castsi512_ps(
-        _mm512_or_si512(_mm512_cvtepu8_epi32(ordered), _mm512_set1_epi32(0x4B000000)));
+    __m512i codes = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+    return _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(codes, _mm512_set1_epi32(0x4B000000))),
+                         _mm512_set1_ps(8388608.0f));
 }
 
 /* code - zero point for codes 0..15, as a table for vpermps, which reads only the low 4 bits
@@ -344,9 +343,8 @@ AVX512 static inline __attribute__((always_inline)) void dot32_split_avx512(
 AVX512 static inline __attribute__((always_inline)) __m512 block16_dot_avx512(
     const uint8_t *q, const float *a, float zero_point)
 {
-    __m512 f = _mm512_sub_ps(codes16_avx512(_mm_loadl_epi64((const __m128i *)q), 0),
-                             _mm512_set1_ps(8388608.0f));
-    f = _mm512_sub_ps(f, _mm512_set1_ps(zero_point));
+    __m512 f = _mm512_sub_ps(codes16_avx512(_mm_loadl_epi64((const __m128i *)q)),
+                             _mm512_set1_ps(zero_point));
     return _mm512_mul_ps(f, _mm512_loadu_ps(a));
 }
 
