@@ -1,8 +1,8 @@
 /* com.microsoft MatMulNBits: y (m x n) = a (m x k) @ dequant(b)^T + bias, with b holding n rows
  * of k values quantized block by block along k: w = (q - zero_point) * scale per block.
  *
- * Decode and small batches (m <= 8 on the 4-bit AVX2 path, else m <= 3): one pass over the
- * packed weights per 4 rows of a (per row off that path), dequantized in registers (AVX2+FMA
+ * Decode and small batches (m <= 8 on the 4-bit vector paths, else m <= 3): one pass over the
+ * packed weights per 4 rows of a (per row off those paths), dequantized in registers (AVX-512 or AVX2+FMA
  * when the CPU has it, else portable C), split over n in chunks across the OpenMP threads.
  * Prefill: each thread dequantizes a panel of weight rows into float32 and runs it against all of
  * a, so no full float copy of the weights ever exists: with AVX2 (blocks of whole 8-byte
@@ -23,8 +23,8 @@
 #include "kernels.h"
 #include "internal.h"
 
-/* Rows of a up to which decode streams the weights once per row (off the 4-bit AVX2 path,
- * which serves 2 * A_ROWS_PER_PASS rows so) rather than dequantizing panels for a GEMM.
+/* Rows of a up to which decode streams the weights once per row (off the 4-bit vector paths,
+ * which serve 2 * A_ROWS_PER_PASS rows so) rather than dequantizing panels for a GEMM.
  * A prefill panel holds PANEL_BYTES of dequantized weights, but at least PANEL_MIN_ROWS weight
  * rows: each GEMM packs all of a again, and at m = 128, k = 1408 panels of 46 rows ran the GEMMs
  * at 55-65 GFLOP/s against 65-78 with 186 (one thread, CPU time). */
@@ -546,7 +546,7 @@ static void arrange_a_split(const float *a, int k, int padded, float *out)
         }
 }
 
-/* Rows of a that one pass over the weights serves (the 4-bit AVX2 path takes several). */
+/* Rows of a that one pass over the weights serves (the 4-bit vector paths take several). */
 enum { A_ROWS_PER_PASS = 4 };
 
 static int gemv_rows(const nbits_weights *w, const float *a, int m, float *y, int allow_simd)
