@@ -2,8 +2,9 @@
  * of k values quantized block by block along k: w = (q - zero_point) * scale per block.
  *
  * Decode and small batches (m <= 8 on the 4-bit vector paths, else m <= 3): one pass over the
- * packed weights per 4 rows of a (per row off those paths), dequantized in registers (AVX-512 or AVX2+FMA
- * when the CPU has it, else portable C), split over n in chunks across the OpenMP threads.
+ * packed weights per 4 rows of a (per row off those paths), dequantized in registers
+ * (AVX-512 or AVX2+FMA when the CPU has it, else portable C), split over n in chunks across
+ * the OpenMP threads.
  * Prefill: each thread dequantizes a panel of weight rows into float32 and runs it against all of
  * a, so no full float copy of the weights ever exists: with AVX2 (blocks of whole 8-byte
  * groups of codes: 2 bits from blocks of 32, 4 bits from 16, 8 bits) as 16 columns packed for a
