@@ -397,7 +397,8 @@ AVX512 static inline __attribute__((always_inline)) void gemv4_512_block_rows(
             }
             for (int i = 0; i < rows; ++i) p[i] = _mm512_add_ps(p[i], odd[i]);
         }
-        for (int i = 0; i < rows; ++i) scale_block_avx512(w, blk, p[i], sc[i][blk], &acc[i], &tail[i]);
+        for (int i = 0; i < rows; ++i)
+            scale_block_avx512(w, blk, p[i], sc[i][blk], &acc[i], &tail[i]);
     }
     for (int i = 0; i < rows; ++i) y[r + i] = _mm512_reduce_add_ps(acc[i]) + tail[i];
 }
@@ -442,7 +443,8 @@ AVX512 static inline __attribute__((always_inline)) void gemv4_512_a_rows(
             }
             for (int i = 0; i < a_rows; ++i) p[i] = _mm512_add_ps(p[i], odd[i]);
         }
-        for (int i = 0; i < a_rows; ++i) scale_block_avx512(w, blk, p[i], sc[blk], &acc[i], &tail[i]);
+        for (int i = 0; i < a_rows; ++i)
+            scale_block_avx512(w, blk, p[i], sc[blk], &acc[i], &tail[i]);
     }
     for (int i = 0; i < a_rows; ++i)
         y[i * y_stride + r] = _mm512_reduce_add_ps(acc[i]) + tail[i];
