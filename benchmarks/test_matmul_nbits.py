@@ -25,6 +25,7 @@ import functools
 import sys
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -119,3 +120,36 @@ def test_onnxruntime(benchmark, shape, threads):
     check_close(session.run(None, feeds)[0], expected)
     benchmark.extra_info["onnxruntime_version"] = ort.__version__
     timed(benchmark, lambda: session.run(None, feeds), shape, threads, "onnxruntime", nbytes)
+
+
+@pytest.mark.parametrize("level", ["avx2", "avx512"])
+def test_kernel_by_isa(benchmark, shape, level):
+    """The kernel alone (kernels.matmul_nbits, 1 thread) capped at one vector-instruction level,
+    to compare the AVX2 and AVX-512 paths on one machine (group `<shape>-isa`; skipped where the
+    CPU lacks the level).  Under load, time CPU rather than wall:
+
+        python -m pytest benchmarks/test_matmul_nbits.py --benchmark-only -q -k by_isa \\
+            --benchmark-timer time.process_time --benchmark-json /tmp/nbits_isa.json
+    """
+    alone_in_process("onnxruntime")
+    from optimized import kernels
+
+    model, feeds, expected, nbytes = build(shape)
+    init = {t.name: numpy_helper.to_array(t)
+            for t in onnx.load_from_string(model).graph.initializer}
+    _, k, n = SHAPES[shape]
+    before, threads_before = kernels.isa(), kernels.get_num_threads()
+    if kernels.limit_isa(level) != level:
+        kernels.limit_isa(before)
+        pytest.skip(f"this CPU does not run {level}")
+    kernels.set_num_threads(1)
+    try:
+        def run():
+            return kernels.matmul_nbits(feeds["a"], init["b"], init["scales"], init["zp"], k=k,
+                                        n=n, bits=BITS, block_size=BLOCK_SIZE)
+        check_close(run(), expected)
+        timed(benchmark, run, shape, 1, f"kernel-{level}", nbytes)
+        benchmark.group = f"{shape}-isa"
+    finally:
+        kernels.limit_isa(before)
+        kernels.set_num_threads(threads_before)

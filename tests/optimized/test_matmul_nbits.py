@@ -478,3 +478,95 @@ def test_infinite_scale_in_the_last_partial_block_gives_inf(m, bits, simd):
     w = dequantized(b, scales, None, k, n, bits, block)
     np.testing.assert_array_equal(got, (a.astype(np.float64) @ w.T).astype(np.float32))
     assert np.isposinf(got).all()
+
+
+# every vector-instruction level the CPU runs (kernels.limit_isa) ---------------------------------
+ISA_ORDER = list(kernels.ISAS)  # portable, avx2, avx512
+
+
+def best_isa() -> str:
+    """The widest level this CPU runs (limit_isa never goes above it), the cap left as it was."""
+    before = kernels.isa()
+    try:
+        return kernels.limit_isa(ISA_ORDER[-1])
+    finally:
+        kernels.limit_isa(before)
+
+
+BEST_ISA = best_isa()
+ISA_LEVELS = [pytest.param(level, marks=pytest.mark.skipif(
+    ISA_ORDER.index(level) > ISA_ORDER.index(BEST_ISA),
+    reason=f"this CPU runs {BEST_ISA} at most")) for level in ISA_ORDER]
+
+
+def run_at_isa(level, fn):
+    """fn() with the kernels capped at `level`, the cap restored afterwards."""
+    before = kernels.isa()
+    kernels.limit_isa(level)
+    try:
+        return fn()
+    finally:
+        kernels.limit_isa(before)
+
+
+@pytest.mark.parametrize("level", ISA_LEVELS)
+@settings(max_examples=40, deadline=None)
+@given(m=st.one_of(st.integers(1, 8), st.integers(9, 40)), n=st.integers(1, 90),
+       k=st.integers(1, 300), bits=st.sampled_from([4, 8]),
+       block_size=st.sampled_from([16, 32, 64, 128]),
+       zero_points=st.sampled_from([None, "packed", "float"]), seed=st.integers(0, 2**16))
+def test_each_isa_against_reference(level, m, n, k, bits, block_size, zero_points, seed):
+    """Decode (m <= 8: one pass over the weights per 4 rows of a, or per row) and prefill paths
+    at each level, k with tails that are no multiple of 16 or of the block: within the
+    reference op's bound, and bit for bit the same at 1 and 2 threads (but for the portable
+    prefill, whose BLAS panels follow the thread count)."""
+    rng = np.random.default_rng(seed)
+    b, scales, zp = quantized(rng, n, k, bits, block_size, zero_points)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    one, two = run_at_isa(level, lambda: matmul_nbits_at_one_and_two_threads(
+        a, b, scales, zp, k=k, n=n, bits=bits, block_size=block_size))
+    if level != "portable" or m <= 3:
+        assert one.tobytes() == two.tobytes()
+    assert_agrees(one, a, b, scales, zp, None, k=k, n=n, bits=bits, block_size=block_size)
+
+
+@pytest.mark.parametrize("level", ISA_LEVELS)
+@pytest.mark.parametrize("m", [1, 3, 24])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_each_isa_hand_checked(level, m, block_size):
+    """Row j's codes are 0, 1, ..., 15, 0, 1, ... (low nibble first), zero point j % 16, scale
+    0.5; a is all ones over k = 70: y[i, j] = 0.5 * sum over t < 70 of (t % 16 - j % 16), that is
+    0.5 * (4 * 120 + (0 + 1 + 2 + 3 + 4 + 5) - 70 * (j % 16)) = 247.5 - 35 * (j % 16)."""
+    k, n = 70, 19
+    blocks = -(-k // block_size)
+    codes = np.arange(blocks * block_size) % 16
+    packed = (codes[0::2] | codes[1::2] << 4).astype(np.uint8)
+    b = np.tile(packed, (n, 1)).reshape(n, blocks, block_size // 2)
+    zp_values = np.arange(n * blocks).reshape(n, blocks) * 0 + (np.arange(n) % 16)[:, None]
+    zp = np.zeros((n, (blocks + 1) // 2), np.uint8)
+    for blk in range(blocks):
+        zp[:, blk // 2] |= (zp_values[:, blk] << (4 * (blk % 2))).astype(np.uint8)
+    scales = np.full(n * blocks, 0.5, np.float32)
+    a = np.ones((m, k), np.float32)
+    got = run_at_isa(level, lambda: kernels.matmul_nbits(a, b, scales, zp.reshape(-1), k=k, n=n,
+                                                         bits=4, block_size=block_size))
+    want = 247.5 - 35.0 * (np.arange(n) % 16)
+    np.testing.assert_array_equal(got, np.tile(want, (m, 1)).astype(np.float32))
+
+
+@pytest.mark.parametrize("level", ISA_LEVELS)
+@pytest.mark.parametrize("k", [40, 36, 17])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [1, 2, 12])
+def test_each_isa_infinite_scale_in_a_partial_last_block(level, m, bits, k):
+    """As test_infinite_scale_in_the_last_partial_block_gives_inf at each level, with k leaving
+    8, 4 or 1 values in the last block: lanes of the last block that hold only padding must not
+    make NaN from 0 times the inf scale."""
+    n, block = 20, 16 if k == 17 else 32
+    blocks = -(-k // block)
+    b = np.full((n, blocks, block * bits // 8), 0x99 if bits == 4 else 0x81, np.uint8)
+    scales = np.tile(np.array([1.0] * (blocks - 1) + [np.inf], np.float32), n)
+    a = np.ones((m, k), np.float32)
+    got = run_at_isa(level, lambda: kernels.matmul_nbits(a, b, scales, None, k=k, n=n, bits=bits,
+                                                         block_size=block))
+    assert np.isposinf(got).all()
