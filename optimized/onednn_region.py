@@ -74,9 +74,21 @@ MIN_MEMBERS = 2  # one convolution alone is OneDNNConv's case (or ours), not a r
 MIN_INPUT_CHANNELS = 4
 
 
+def setting() -> str:
+    """"off", "on" (regions that transpose less than their members would) or "all" (every
+    region, whatever it transposes: for tests and measurements)."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in ("1", "on", "true"):
+        return "on"
+    if value == "all":
+        return value
+    if value in ("0", "off", "false") or kernels.isa() != "avx512":
+        return "off"
+    return "on"  # the default on AVX-512 (see the docstring's s26 measurements)
+
+
 def enabled() -> bool:
-    return (os.environ.get(ENV, "0").strip().lower() in ("1", "on", "true")
-            and kernels.onednn_unavailable() is None)
+    return setting() != "off" and kernels.onednn_unavailable() is None
 
 
 def _key(node) -> tuple[str, str]:
@@ -170,9 +182,74 @@ def group_steps(plan, steps: list) -> list:
                 taint[s] = depends
     groups = [ids for ids in members.values() if len(ids) >= MIN_MEMBERS
               and any(member_kind(plan, steps[k]) == "conv" for k in ids)]
+    if setting() != "all":
+        groups = [ids for ids in groups if _transposes_less(plan, steps, ids)]
     if not groups:
         return steps
     return _replace(plan, steps, groups)
+
+
+def _stride_area(attrs) -> int:
+    strides = attrs.get("strides") or (1, 1)
+    return int(np.prod(strides))
+
+
+def _transposed(plan, steps: list, ids: list[int]) -> tuple[float, float]:
+    """(values the region transposes at its entries and exits, values its members transpose
+    run one by one), counted as channels times pixels in units of the first member's input
+    plane (strides divide it; a global pool's single pixel counts 0).  One by one, only the
+    convolutions that onednn_conv.toml gives oneDNN transpose (their input and output); ours
+    (1x1, depthwise, grouped, few input channels) and the other members read NCHW."""
+    from .cpu import ONEDNN_CONV_RULES, conv_class
+
+    readers: dict[int, set[int]] = {}
+    for i, step in enumerate(steps):
+        for s in plan.reads(step):
+            readers.setdefault(s, set()).add(i)
+    inside, keep = set(ids), set(plan.output_slots)
+    size: dict[int, float] = {}  # slot -> channels x relative pixels
+    scale: dict[int, float] = {}  # slot -> pixels relative to the first input's plane
+    entries: dict[int, float] = {}
+    per_node = 0.0
+    for k in ids:
+        step = steps[k]
+        key, attrs = _key(step.node), plan.static_attributes(step.node) or {}
+        data = [s for s in step.inputs if s >= 0 and plan.template[s] is None]
+        out = next(s for s in step.outputs if s >= 0)
+        if key in CONVS:
+            w = plan.template[step.inputs[1]]
+            x = step.inputs[0]
+            if x not in scale:
+                scale[x], size[x] = 1.0, float(w.shape[1])
+                entries[x] = size[x]
+            scale[out] = scale[x] / _stride_area(attrs)
+            size[out] = w.shape[0] * scale[out]
+            for z in data[1:]:  # a residual from outside: an entry of the output's shape
+                if z not in size:
+                    scale[z], size[z] = scale[out], size[out]
+                    entries[z] = size[z]
+            if ONEDNN_CONV_RULES.get(conv_class(w, attrs.get("group", 1))) == "onednn":
+                per_node += size[x] + size[out]
+        elif key == ("", "GlobalAveragePool"):
+            scale[out], size[out] = 0.0, 0.0
+        elif key in (("", "MaxPool"), ("", "AveragePool")):
+            scale[out] = scale[data[0]] / _stride_area(attrs)
+            size[out] = size[data[0]] / _stride_area(attrs)
+        elif key == ("", "Concat"):
+            scale[out], size[out] = scale[data[0]], sum(size[s] for s in data)
+        else:  # Relu, Add
+            scale[out], size[out] = scale[data[0]], size[data[0]]
+    exits = sum(size[s] for k in ids for s in steps[k].outputs
+                if s >= 0 and (s in keep or readers.get(s, set()) - inside))
+    return sum(entries.values()) + exits, per_node
+
+
+def _transposes_less(plan, steps: list, ids: list[int]) -> bool:
+    """Whether a region pays: it transposes fewer values at its entries and exits than its
+    members would one by one (densenet's 1x1-then-3x3 pairs transpose the 1x1's wide input
+    as a region, mobilenet's 1x1 chains transpose nothing one by one)."""
+    region, per_node = _transposed(plan, steps, ids)
+    return region < per_node
 
 
 def _replace(plan, steps: list, groups: list[list[int]]) -> list:
