@@ -211,7 +211,7 @@ def test_no_cycle_through_a_value_made_outside_from_the_region():
 
 
 @pytest.mark.parametrize("level", ["portable", "avx2", "avx512"])
-def test_regions_are_on_by_default_with_avx512_only(monkeypatch, level):
+def test_default_and_overrides(monkeypatch, level):
     previous = kernels.isa()
     try:
         if kernels.ISAS[level] > kernels.ISAS[kernels.limit_isa("avx512")]:
@@ -219,7 +219,12 @@ def test_regions_are_on_by_default_with_avx512_only(monkeypatch, level):
         m = spatial_chain()
         kernels.limit_isa(level)
         monkeypatch.delenv(onednn_region.ENV)
+        on = onednn_region.DEFAULT_ON_AVX512 and level == "avx512"
+        assert bool(region_steps(session(m))) == on
+        monkeypatch.setattr(onednn_region, "DEFAULT_ON_AVX512", True)
         assert bool(region_steps(session(m))) == (level == "avx512")
+        monkeypatch.setattr(onednn_region, "DEFAULT_ON_AVX512", False)
+        assert not region_steps(session(m))
         monkeypatch.setenv(onednn_region.ENV, "0")
         assert not region_steps(session(m))
         monkeypatch.setenv(onednn_region.ENV, "1")
