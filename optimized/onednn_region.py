@@ -12,8 +12,37 @@ count on its first run; where oneDNN refuses it, its members run one by one as b
 Convolutions (1x1 included) run as oneDNN's brgconv:avx2 in NHWC, pools as an AVX2 loop over
 channels, entries and exits through onednn_conv.c's 8x8-tile transposes.
 
-Off by default: ONNX_PARITY_ONEDNN_REGIONS=1 turns regions on.  Measured at 1 thread on the
-2-core AVX2 EPYC, load 2.7-4 (other work), one process, sessions with regions / without
+When regions run (s26): ONNX_PARITY_ONEDNN_REGIONS=0 never, 1 always, "all" always and
+without the rule below (tests of how regions run); unset, where kernels.isa() is "avx512" and
+DEFAULT_ON_AVX512 is True (it is False: see the measurements below).
+The rule: a region forms only where it transposes fewer values (channels x pixels) at its
+entries and exits than its members would one by one, where only the convolutions
+onednn_conv.toml gives oneDNN transpose (their input and output) and ours (1x1, depthwise,
+grouped, RGB stem) and the other members read NCHW.  Without it (s26, 2-core AVX-512 Zen 4,
+1 thread, CPU ms, plain / regions) light_densenet121 lost 65.6 / 71.6 and 64.7 / 74.8: 59 of
+its 61 regions are a 1x1 then a 3x3 whose entry is the 1x1's 160-1024 channel input, where one
+by one only the 3x3's 128 in and 32 out are transposed; mobilenet_v3_small lost 0.84 / 0.97
+and 0.85 / 0.92: its 2 regions are pairs of 1x1 convolutions (ours, no transposes one by one).
+With the rule densenet keeps 2 regions (its first two layers: 64 and 96 channels in),
+mobilenet and shufflenet none, resnet50, inception_v2, squeezenet and vgg19 their one each.
+Measured with the rule (/work/notes/s26/cpu_run.py MODEL THREADS RUNS, one process each,
+ONNX_PARITY_ONEDNN_REGIONS=0 / 1 alternated, 3 rounds, median CPU ms per run, load 3-7):
+1 thread: light_resnet50 84.2 / 81.0 (0.96); light_inception_v2 41.1 / 40.7 (0.99);
+light_squeezenet 7.76 / 7.79 (1.00); light_vgg19 379 / 365 (0.96); light_densenet121
+64.7 / 64.8 (1.00); light_shufflenet and mobilenet_v3_small run the same plan either way
+(no region formed).  2 threads (load 3-3.5, indicative), wall ms: resnet50 62.7 / 67.5 (one
+round each of 3 was taken by the load: 119 / 163), inception_v2 21.4 / 20.3, squeezenet
+7.31 / 6.15.  Again, 4 rounds at load 1.7-2.2: squeezenet 7.64 / 8.48 (paired rounds
+1.00-1.02, one 1.20), densenet121 64.2 / 65.3 (1.01-1.02); 5 rounds at load 1.2-3.3:
+squeezenet 7.80 / 8.19 (1.05), densenet121 66.3 / 64.5 (0.97), inception_v2 40.6 / 38.8
+(0.96).  squeezenet's region loses at 1 thread (median paired round 1.02): in a profile
+(benchmarks.sessions light_squeezenet 1 20) its convolutions took 8.6 ms in the region against
+13.1 one by one, but its Concat copies (with the expand convolutions' Relu) 2.2 ms, in place
+one by one, and its NHWC MaxPools 0.70 ms against 0.36 (our NCHW kernel).  So still off by
+default; a faster region pool and a Concat written in place would be the next steps.
+
+Before s26 (AVX2 machines), off by default: ONNX_PARITY_ONEDNN_REGIONS=1 turned regions on.
+Measured at 1 thread on the 2-core AVX2 EPYC, load 2.7-4 (other work), one process, sessions with regions / without
 alternated, medians of 21 (9) rounds of 5 runs, CPU ms: light_squeezenet 10.11 / 9.62 (1.05),
 light_inception_v2 58.9 / 59.1 (1.00); 7 rounds: light_densenet121 83.6 / 78.7 (1.06),
 light_resnet50 106.3 / 118.4 (0.90; again 0.97); 5 rounds: light_vgg19 513 / 508 (1.01).  The
@@ -72,11 +101,27 @@ MIN_MEMBERS = 2  # one convolution alone is OneDNNConv's case (or ours), not a r
 # an RGB stem (3 channels in) runs faster as our direct stem kernel than as oneDNN's in NHWC
 # (onednn_conv.toml class few-input-channels: 852 against 1232 us at 224x224), so it starts no region
 MIN_INPUT_CHANNELS = 4
+# unset ONNX_PARITY_ONEDNN_REGIONS turns regions on where kernels.isa() is "avx512" only if
+# this is True: off, since with the rule light_squeezenet measured 1.00-1.05 (median 1.02) at
+# 1 thread against 0.96-0.99 for resnet50, inception_v2 and vgg19 (s26, docstring)
+DEFAULT_ON_AVX512 = False
+
+
+def setting() -> str:
+    """"off", "on" (regions that transpose less than their members would) or "all" (every
+    region, whatever it transposes: for tests and measurements)."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in ("1", "on", "true"):
+        return "on"
+    if value == "all":
+        return value
+    if value in ("0", "off", "false") or kernels.isa() != "avx512" or not DEFAULT_ON_AVX512:
+        return "off"
+    return "on"
 
 
 def enabled() -> bool:
-    return (os.environ.get(ENV, "0").strip().lower() in ("1", "on", "true")
-            and kernels.onednn_unavailable() is None)
+    return setting() != "off" and kernels.onednn_unavailable() is None
 
 
 def _key(node) -> tuple[str, str]:
@@ -170,9 +215,76 @@ def group_steps(plan, steps: list) -> list:
                 taint[s] = depends
     groups = [ids for ids in members.values() if len(ids) >= MIN_MEMBERS
               and any(member_kind(plan, steps[k]) == "conv" for k in ids)]
+    if setting() != "all":
+        groups = [ids for ids in groups if _transposes_less(plan, steps, ids)]
     if not groups:
         return steps
     return _replace(plan, steps, groups)
+
+
+def _stride_area(attrs) -> int:
+    strides = attrs.get("strides") or (1, 1)
+    return int(np.prod(strides))
+
+
+def _transposed(plan, steps: list, ids: list[int]) -> tuple[float, float]:
+    """(values the region transposes at its entries and exits, values its members transpose
+    run one by one), counted as channels times pixels in units of the first member's input
+    plane (strides divide it; a global pool's single pixel counts 0).  One by one, only the
+    convolutions that onednn_conv.toml gives oneDNN transpose (their input and output); ours
+    (1x1, depthwise, grouped, few input channels) and the other members read NCHW.  The
+    region's activation passes and Concat copies are not counted: counted as passes, they
+    would reject resnet50's, inception_v2's and squeezenet's regions, which measured faster."""
+    from .cpu import ONEDNN_CONV_RULES, conv_class
+
+    readers: dict[int, set[int]] = {}
+    for i, step in enumerate(steps):
+        for s in plan.reads(step):
+            readers.setdefault(s, set()).add(i)
+    inside, keep = set(ids), set(plan.output_slots)
+    size: dict[int, float] = {}  # slot -> channels x relative pixels
+    scale: dict[int, float] = {}  # slot -> pixels relative to the first input's plane
+    entries: dict[int, float] = {}
+    per_node = 0.0
+    for k in ids:
+        step = steps[k]
+        key, attrs = _key(step.node), plan.static_attributes(step.node) or {}
+        data = [s for s in step.inputs if s >= 0 and plan.template[s] is None]
+        out = next(s for s in step.outputs if s >= 0)
+        if key in CONVS:
+            w = plan.template[step.inputs[1]]
+            x = step.inputs[0]
+            if x not in scale:
+                scale[x], size[x] = 1.0, float(w.shape[1])
+                entries[x] = size[x]
+            scale[out] = scale[x] / _stride_area(attrs)
+            size[out] = w.shape[0] * scale[out]
+            for z in data[1:]:  # a residual from outside: an entry of the output's shape
+                if z not in size:
+                    scale[z], size[z] = scale[out], size[out]
+                    entries[z] = size[z]
+            if ONEDNN_CONV_RULES.get(conv_class(w, attrs.get("group", 1))) == "onednn":
+                per_node += size[x] + size[out]
+        elif key == ("", "GlobalAveragePool"):
+            scale[out], size[out] = 0.0, 0.0
+        elif key in (("", "MaxPool"), ("", "AveragePool")):
+            scale[out] = scale[data[0]] / _stride_area(attrs)
+            size[out] = size[data[0]] / _stride_area(attrs)
+        elif key == ("", "Concat"):
+            scale[out], size[out] = scale[data[0]], sum(size[s] for s in data)
+        else:  # Relu, Add
+            scale[out], size[out] = scale[data[0]], size[data[0]]
+    exits = sum(size[s] for k in ids for s in steps[k].outputs
+                if s >= 0 and (s in keep or readers.get(s, set()) - inside))
+    return sum(entries.values()) + exits, per_node
+
+
+def _transposes_less(plan, steps: list, ids: list[int]) -> bool:
+    """Whether a region pays: it transposes fewer values at its entries and exits than its
+    members would one by one (densenet's 1x1-then-3x3 pairs transpose the 1x1's wide input
+    as a region, mobilenet's 1x1 chains transpose nothing one by one)."""
+    region, per_node = _transposed(plan, steps, ids)
+    return region < per_node
 
 
 def _replace(plan, steps: list, groups: list[list[int]]) -> list:

@@ -24,7 +24,9 @@ reference_conv = lookup("", "Conv", 22).fn
 
 @pytest.fixture(autouse=True)
 def regions_on(monkeypatch):
-    monkeypatch.setenv(onednn_region.ENV, "1")
+    """Every region, whatever it transposes: these small models check how regions run (the
+    rule that picks the regions that pay has its own tests below)."""
+    monkeypatch.setenv(onednn_region.ENV, "all")
 
 
 def weights(rng, name, shape):
@@ -208,13 +210,115 @@ def test_no_cycle_through_a_value_made_outside_from_the_region():
     assert_matches(run_compiled(sess, {"x": x}), ReferenceEvaluator(m).run(None, {"x": x}))
 
 
-def test_regions_are_off_unless_asked(monkeypatch):
-    monkeypatch.delenv(onednn_region.ENV)
-    assert not region_steps(session(bottleneck()))
-    monkeypatch.setenv(onednn_region.ENV, "0")
-    assert not region_steps(session(bottleneck()))
+@pytest.mark.parametrize("level", ["portable", "avx2", "avx512"])
+def test_default_and_overrides(monkeypatch, level):
+    previous = kernels.isa()
+    try:
+        if kernels.ISAS[level] > kernels.ISAS[kernels.limit_isa("avx512")]:
+            pytest.skip(f"this CPU has no {level}")
+        m = spatial_chain()
+        kernels.limit_isa(level)
+        monkeypatch.delenv(onednn_region.ENV)
+        on = onednn_region.DEFAULT_ON_AVX512 and level == "avx512"
+        assert bool(region_steps(session(m))) == on
+        monkeypatch.setattr(onednn_region, "DEFAULT_ON_AVX512", True)
+        assert bool(region_steps(session(m))) == (level == "avx512")
+        monkeypatch.setattr(onednn_region, "DEFAULT_ON_AVX512", False)
+        assert not region_steps(session(m))
+        monkeypatch.setenv(onednn_region.ENV, "0")
+        assert not region_steps(session(m))
+        monkeypatch.setenv(onednn_region.ENV, "1")
+        assert region_steps(session(m))
+    finally:
+        kernels.limit_isa(previous)
+
+
+def spatial_chain(c=8, mid=16, strides=(1, 1), seed=5):
+    """Two 3x3 convolutions (oneDNN's one by one, each transposing its input and output)."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                         strides=list(strides)),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+    ]
+    inits = [weights(rng, "w1", (mid, c, 3, 3)), weights(rng, "b1", (mid,)),
+             weights(rng, "w2", (mid, mid, 3, 3)), weights(rng, "b2", (mid,))]
+    return model(nodes, inits, ["N", c, "H", "W"], ["y"])
+
+
+def dense_layer(c=40, mid=16, growth=8, seed=6):
+    """densenet's layer: a 1x1 (ours one by one, reading NCHW) narrowing a wide input, a 3x3,
+    and the Concat of input and result (not a member: x comes from outside)."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["x", "c2"], ["y"], axis=1),
+    ]
+    inits = [weights(rng, "w1", (mid, c, 1, 1)), weights(rng, "b1", (mid,)),
+             weights(rng, "w2", (growth, mid, 3, 3)), weights(rng, "b2", (growth,))]
+    return model(nodes, inits, ["N", c, "H", "W"], ["y"])
+
+
+def pointwise_chain(c=12, mid=20, seed=7):
+    """mobilenet's 1x1 pairs: ours one by one read NCHW and transpose nothing."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], kernel_shape=[1, 1]),
+    ]
+    inits = [weights(rng, "w1", (mid, c, 1, 1)), weights(rng, "b1", (mid,)),
+             weights(rng, "w2", (c, mid, 1, 1)), weights(rng, "b2", (c,))]
+    return model(nodes, inits, ["N", c, "H", "W"], ["y"])
+
+
+def transposed_counts(m) -> list:
+    """(region, one by one) values transposed for each region "all" forms in m."""
+    counts = []
+    original = onednn_region._transposes_less
+
+    def spy(plan, steps, ids):
+        counts.append(onednn_region._transposed(plan, steps, ids))
+        return original(plan, steps, ids)
+
+    onednn_region._transposes_less = spy
+    try:
+        os.environ[onednn_region.ENV] = "1"
+        session(m)
+    finally:
+        onednn_region._transposes_less = original
+        os.environ[onednn_region.ENV] = "all"
+    return counts
+
+
+def test_transposed_values_counted_by_hand():
+    # 3x3 stride 2, 8 -> 16 channels, then 3x3 16 -> 16, in units of x's plane: the region
+    # transposes x (8) and y (16 / 4); one by one, 8 + 4 for the first and 4 + 4 the second
+    assert transposed_counts(spatial_chain(strides=(2, 2))) == [(12.0, 20.0)]
+    # x (40) in, c2 (8) out; one by one only the 3x3 transposes: 16 + 8
+    assert transposed_counts(dense_layer()) == [(48.0, 24.0)]
+    assert transposed_counts(pointwise_chain()) == [(24.0, 0.0)]
+
+
+@pytest.mark.parametrize("build, formed", [(spatial_chain, True), (dense_layer, False),
+                                           (pointwise_chain, False)])
+@pytest.mark.parametrize("batch, height, width", [(1, 7, 5), (2, 6, 9)])
+def test_region_forms_only_where_it_transposes_less(monkeypatch, build, formed, batch, height,
+                                                    width):
+    m = build()
     monkeypatch.setenv(onednn_region.ENV, "1")
-    assert region_steps(session(bottleneck()))
+    sess = session(m)
+    assert bool(region_steps(sess)) == formed
+    monkeypatch.setenv(onednn_region.ENV, "all")
+    assert region_steps(session(m))  # a region all the same where the rule is off
+    channels = m.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    x = np.random.default_rng(8).uniform(-1, 1, (batch, channels, height, width)).astype(np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})
+    assert_matches(sess.run(None, {"x": x}), want)
+    assert_matches(run_compiled(sess, {"x": x}), want)
 
 
 def test_tied_filters_give_equal_channels():
@@ -372,7 +476,7 @@ def test_a_busy_machine_runs_the_single_thread_twin(setting, twin_runs):
     the calling thread (threads.c's busy check; per-node convolutions do the same), since
     oneDNN's primitives split their work for the team they were built for; same bits."""
     environment = dict(os.environ, ONNX_PARITY_BUSY_MACHINE=setting,
-                       ONNX_PARITY_ONEDNN_REGIONS="1")
+                       ONNX_PARITY_ONEDNN_REGIONS="all")
     done = subprocess.run([sys.executable, "-c", BUSY_PROBE], env=environment, cwd=os.getcwd(),
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
