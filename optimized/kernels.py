@@ -15,6 +15,7 @@ BLAS call, so BLAS never starts threads of its own: no oversubscription, no nest
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -138,6 +139,28 @@ def limit_isa(name: str) -> str:
         raise ValueError(f"limit_isa takes one of {sorted(ISAS)}, got {name!r}")
     lib.kernels_limit_isa(ISAS[name])
     return isa()
+
+
+def cpu_isa() -> str:
+    """The widest vector instructions this CPU runs (above ONNX_PARITY_MAX_ISA too); the cap
+    in force is left as it was."""
+    before = isa()
+    try:
+        return limit_isa("avx512")
+    finally:
+        limit_isa(before)
+
+
+@contextlib.contextmanager
+def isa_limit(name: str):
+    """limit_isa(name) for the body of a with statement (as the level now in force), and the
+    level before it back on leaving, also on an error."""
+    before = isa()
+    now = limit_isa(name)
+    try:
+        yield now
+    finally:
+        limit_isa(before)
 
 
 def busy_fallbacks() -> int:

@@ -14,21 +14,7 @@ from .test_kernels import ACTIVATION_CASES, ATOL, RTOL, arrays, ref
 
 ALL_ACTIVATIONS = ACTIVATION_CASES + [("HardSigmoid", (0.3, 0.4)), ("HardSwish", ())]
 hsettings = settings(max_examples=30, deadline=None)
-ISA_LEVELS = ("portable", "avx2", "avx512")
-
-
-@pytest.fixture(params=ISA_LEVELS, autouse=True)
-def isa_level(request):
-    """Each test at one vector level, skipped where the CPU lacks it; the level before is
-    restored after."""
-    before = kernels.isa()
-    best = kernels.limit_isa("avx512")
-    if ISA_LEVELS.index(request.param) > ISA_LEVELS.index(best):
-        kernels.limit_isa(before)
-        pytest.skip(f"the CPU runs at most {best}")
-    kernels.limit_isa(request.param)
-    yield request.param
-    kernels.limit_isa(before)
+pytestmark = pytest.mark.usefixtures("isa_level")
 
 
 # Float32 dot products of depth d (summed in any order) are within d * u * sum|w x| of the

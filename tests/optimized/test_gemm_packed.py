@@ -14,6 +14,8 @@ from optimized import cpu, kernels
 from reference import agreement
 from reference.registry import lookup
 
+from .conftest import ISA_LEVELS
+
 OPSET = 23
 
 
@@ -218,34 +220,6 @@ def test_views_are_read_as_their_values():
 
 
 # every vector-instruction level the CPU runs (kernels.limit_isa) ---------------------------------
-ISA_ORDER = list(kernels.ISAS)  # portable, avx2, avx512
-
-
-def best_isa() -> str:
-    """The widest level this CPU runs (limit_isa never goes above it), the cap left as it was."""
-    before = kernels.isa()
-    try:
-        return kernels.limit_isa(ISA_ORDER[-1])
-    finally:
-        kernels.limit_isa(before)
-
-
-BEST_ISA = best_isa()
-ISA_LEVELS = [pytest.param(level, marks=pytest.mark.skipif(
-    ISA_ORDER.index(level) > ISA_ORDER.index(BEST_ISA),
-    reason=f"this CPU runs {BEST_ISA} at most")) for level in ISA_ORDER]
-
-
-def run_at_isa(level, fn):
-    """fn() with the kernels capped at `level`, the cap restored afterwards."""
-    before = kernels.isa()
-    kernels.limit_isa(level)
-    try:
-        return fn()
-    finally:
-        kernels.limit_isa(before)
-
-
 @pytest.mark.parametrize("level", ISA_LEVELS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(1, 40), k=st.integers(1, 70), n=st.integers(1, 75),
@@ -258,7 +232,8 @@ def test_each_isa_matches_the_reference_gemm(level, m, k, n, trans_b, c_form, al
     a, b = rand(seed, m, k), rand(seed + 1, n, k) if trans_b else rand(seed + 1, k, n)
     c = addend(c_form, m, n, seed + 2)
     packed = kernels.PackedWeights(b, trans_b=trans_b)
-    y = run_at_isa(level, lambda: kernels.gemm_packed(a, packed, c, alpha=alpha, beta=beta))
+    with kernels.isa_limit(level):
+        y = kernels.gemm_packed(a, packed, c, alpha=alpha, beta=beta)
     inputs = [a, b] if c is None else [a, b, c]
     judge("Gemm", inputs, y, alpha=alpha, beta=beta, transB=int(trans_b))
 
@@ -277,7 +252,8 @@ def test_each_isa_two_threads_give_the_same_bits_as_one(threads, level, m, k, n)
         threads(2)
         return one, kernels.gemm_packed(a, packed, c, beta=0.5, activation="Relu")
 
-    one, two = run_at_isa(level, run)
+    with kernels.isa_limit(level):
+        one, two = run()
     np.testing.assert_array_equal(one, two)
     judge("Gemm", [a, b, c], kernels.gemm_packed(a, packed, c, beta=0.5), beta=0.5)
 
@@ -288,6 +264,6 @@ def test_each_isa_hand_checked(level):
     n = 33
     b = np.stack([np.arange(n), np.ones(n), -np.ones(n)]).astype(np.float32)
     c = np.full(n, 0.25, np.float32)
-    y = run_at_isa(level, lambda: kernels.gemm_packed(np.ones((14, 3), np.float32),
-                                                      kernels.PackedWeights(b), c))
+    with kernels.isa_limit(level):
+        y = kernels.gemm_packed(np.ones((14, 3), np.float32), kernels.PackedWeights(b), c)
     np.testing.assert_array_equal(y, np.tile(np.arange(n) + 0.25, (14, 1)).astype(np.float32))

@@ -12,40 +12,11 @@ from hypothesis import strategies as st
 
 from optimized import kernels
 
+from .conftest import CPU_ISA, CPU_LEVELS
 from .test_kernels import ACTIVATION_CASES, ATOL, RTOL, arrays, ref, ref_activation
 
-LEVELS = tuple(kernels.ISAS)  # portable, avx2, avx512
 hsettings = settings(max_examples=25, deadline=None)
 TRANSCENDENTAL = ("Sigmoid", "Tanh", "Gelu", "GeluTanh")
-
-
-def best_level() -> str:
-    before = kernels.isa()
-    best = kernels.limit_isa("avx512")
-    kernels.limit_isa(before)
-    return best
-
-
-def at_level(level: str) -> None:
-    """Cap the kernels at `level`, skipping the test where the CPU lacks it."""
-    if LEVELS.index(level) > LEVELS.index(best_level()):
-        pytest.skip(f"this CPU does not run {level}")
-    kernels.limit_isa(level)
-
-
-@pytest.fixture(params=LEVELS)
-def level(request):
-    before = kernels.isa()
-    at_level(request.param)
-    yield request.param
-    kernels.limit_isa(before)
-
-
-@pytest.fixture
-def restore_isa():
-    before = kernels.isa()
-    yield
-    kernels.limit_isa(before)
 
 
 def float64_truth(name: str, x: np.ndarray) -> np.ndarray:
@@ -73,15 +44,9 @@ HARD_CASES = [("HardSigmoid", ()), ("HardSwish", ())]
 def test_activation_matches_reference_at_each_level(n, act, scale, seed):
     x = arrays(seed, 3, n, scale=scale)
     expected = ref_activation(x, *act)
-    for level in LEVELS:
-        if LEVELS.index(level) > LEVELS.index(best_level()):
-            continue
-        before = kernels.isa()
-        kernels.limit_isa(level)
-        try:
+    for level in CPU_LEVELS:
+        with kernels.isa_limit(level):
             got = kernels.activation(x, act[0], act[1])
-        finally:
-            kernels.limit_isa(before)
         np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL, err_msg=level)
 
 
@@ -92,7 +57,7 @@ SPECIAL = np.array([np.inf, -np.inf, np.nan, 1e30, -1e30, 100.0, -100.0, 88.8, -
 
 @pytest.mark.parametrize("name", TRANSCENDENTAL)
 @pytest.mark.parametrize("offset", [0, 7, 16])  # the specials in the vector body and the tail
-def test_special_values(level, name, offset):
+def test_special_values(isa_level, name, offset):
     # as the reference: NaN stays NaN, and Gelu(-inf) is -inf * 0 = NaN
     x = np.concatenate([np.ones(offset, np.float32), SPECIAL])
     got = kernels.activation(x, name)[offset:]
@@ -101,7 +66,7 @@ def test_special_values(level, name, offset):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
-def test_hand_checked_values(level):
+def test_hand_checked_values(isa_level):
     x = np.array([-1.0, 0.0, 1.0, 0.5], np.float32)
     np.testing.assert_allclose(kernels.gelu(x), [-0.15865525, 0.0, 0.84134475, 0.34573123],
                                rtol=1e-6)
@@ -113,24 +78,25 @@ def test_hand_checked_values(level):
 
 @pytest.mark.parametrize("name, bound", [("Gelu", 13.0), ("GeluTanh", 30.0), ("Tanh", 30.0),
                                          ("Sigmoid", 80.0)])
-def test_avx512_forms_give_the_avx2_bits(restore_isa, name, bound):
+@pytest.mark.skipif("avx512" not in CPU_LEVELS, reason=f"this CPU runs at most {CPU_ISA}")
+def test_avx512_forms_give_the_avx2_bits(name, bound):
     # vmath.h: normal results of the 16-lane forms are bit for bit those of the AVX2 loops
     # (beyond |x| = 13, erf Gelu's results are subnormal and may differ in the last bits)
-    at_level("avx512")
     x = np.linspace(-bound, bound, 1_000_003, dtype=np.float32)
-    wide = kernels.activation(x, name)
-    kernels.limit_isa("avx2")
-    np.testing.assert_array_equal(wide, kernels.activation(x, name))
+    with kernels.isa_limit("avx512"):
+        wide = kernels.activation(x, name)
+    with kernels.isa_limit("avx2"):
+        np.testing.assert_array_equal(wide, kernels.activation(x, name))
 
 
-def test_erf_gelu_within_its_bound(level):
+def test_erf_gelu_within_its_bound(isa_level):
     x = np.linspace(-10, 10, 100_003, dtype=np.float32)
     got, want = kernels.gelu(x).astype(np.float64), float64_truth("Gelu", x)
     assert np.abs(got - want).max() < 5e-7
 
 
 @pytest.mark.parametrize("name", TRANSCENDENTAL)
-def test_same_bits_at_one_and_two_threads(level, threads, name):
+def test_same_bits_at_one_and_two_threads(isa_level, threads, name):
     x = arrays(3, 200_003, scale=5.0)
     results = []
     for n in (1, 2):
@@ -147,20 +113,14 @@ def test_same_bits_at_one_and_two_threads(level, threads, name):
 def test_softmax_matches_reference_at_each_level(rows, cols, scale, seed):
     x = arrays(seed, rows, cols, scale=scale)
     expected = ref("Softmax", x, opset=13)
-    for level in LEVELS:
-        if LEVELS.index(level) > LEVELS.index(best_level()):
-            continue
-        before = kernels.isa()
-        kernels.limit_isa(level)
-        try:
+    for level in CPU_LEVELS:
+        with kernels.isa_limit(level):
             got = kernels.softmax(x)
-        finally:
-            kernels.limit_isa(before)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=level)
 
 
 @pytest.mark.parametrize("cols", [3, 16, 21, 40])
-def test_softmax_special_rows(level, cols):
+def test_softmax_special_rows(isa_level, cols):
     x = arrays(cols, 5, cols)
     x[0, -1] = np.nan  # NaN anywhere: the row is NaN
     x[1, :] = -np.inf  # all -inf: 0 / 0
@@ -173,7 +133,7 @@ def test_softmax_special_rows(level, cols):
     np.testing.assert_allclose(got[4], ref("Softmax", x[4:], opset=13)[0], rtol=1e-6)
 
 
-def test_exp_through_softmax_within_three_ulp(level):
+def test_exp_through_softmax_within_three_ulp(isa_level):
     v = np.linspace(-103, -20, 100_003, dtype=np.float32)  # subnormal results below -87.3
     got = kernels.softmax(np.stack([np.zeros_like(v), v], axis=1))[:, 1].astype(np.float64)
     want = np.exp(v.astype(np.float64))
@@ -192,15 +152,9 @@ def test_layer_norm_matches_reference_at_each_level(rows, cols, with_bias, offse
     x = arrays(seed, rows, cols, scale=3.0) + np.float32(offset)
     scale, bias = arrays(seed + 1, cols), (arrays(seed + 2, cols) if with_bias else None)
     expected = ref("LayerNormalization", x, scale, bias, opset=17, n_out=3, epsilon=1e-5)
-    for level in LEVELS:
-        if LEVELS.index(level) > LEVELS.index(best_level()):
-            continue
-        before = kernels.isa()
-        kernels.limit_isa(level)
-        try:
+    for level in CPU_LEVELS:
+        with kernels.isa_limit(level):
             got = kernels.layer_norm(x, scale, bias, epsilon=1e-5, return_stats=True)
-        finally:
-            kernels.limit_isa(before)
         # each side rounds the mean to float32 (an output), so x - mean may differ by an ulp
         # of the offset, scaled by inv_std (about 1/3 here) and |scale|
         atol = 1e-5 + np.spacing(np.float32(offset)) * np.abs(scale).max()
@@ -208,7 +162,7 @@ def test_layer_norm_matches_reference_at_each_level(rows, cols, with_bias, offse
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=atol, err_msg=level)
 
 
-def test_layer_norm_hand_checked_and_in_place(level):
+def test_layer_norm_hand_checked_and_in_place(isa_level):
     x = np.array([[1.0, 3.0], [5.0, 5.0]], np.float32)  # mean 2, variance 1; a constant row
     y = kernels.layer_norm(x, np.array([2.0, 1.0], np.float32), np.array([0.0, 10.0], np.float32),
                            epsilon=0.0, out=x)
@@ -217,7 +171,7 @@ def test_layer_norm_hand_checked_and_in_place(level):
     assert np.isnan(y[1]).all()  # 0 / sqrt(0): as the reference gives
 
 
-def test_layer_norm_same_bits_at_one_and_two_threads(level, threads):
+def test_layer_norm_same_bits_at_one_and_two_threads(isa_level, threads):
     x = arrays(4, 300, 77)
     scale, bias = arrays(5, 77), arrays(6, 77)
     results = []
@@ -255,22 +209,16 @@ def test_attention_matches_truth_at_each_level(heads, q_len, kv_len, causal, wit
         mask = arrays(seed + 3, 1, 1, q_len, kv_len) if with_mask else None
     want = attention_truth(q, k, v, mask, 0.3, causal)
     want_gqa = want.transpose(0, 2, 1, 3)
-    for level in LEVELS:
-        if LEVELS.index(level) > LEVELS.index(best_level()):
-            continue
-        before = kernels.isa()
-        kernels.limit_isa(level)
-        try:
+    for level in CPU_LEVELS:
+        with kernels.isa_limit(level):
             got = kernels.attention(q, k, v, mask, scale=0.3, causal=causal)
             got_gqa = kernels.grouped_attention(q, k, v, mask=mask, scale=0.3, causal=causal)
-        finally:
-            kernels.limit_isa(before)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=level)
         np.testing.assert_allclose(got_gqa, want_gqa, rtol=1e-5, atol=1e-5, err_msg=level)
 
 
 @pytest.mark.parametrize("nan_key", [0, 20, 36])
-def test_attention_nan_and_empty_rows(level, nan_key):
+def test_attention_nan_and_empty_rows(isa_level, nan_key):
     q = arrays(1, 1, 1, 3, 8)
     k, v = arrays(2, 1, 1, 37, 8), arrays(3, 1, 1, 37, 4)
     mask = np.zeros((1, 1, 3, 37), np.float32)
@@ -296,15 +244,9 @@ def test_rms_norm_matches_float64_at_each_level(rows, cols, with_skip, with_bias
     bias = arrays(seed + 3, cols) if with_skip and with_bias else None
     s = x.astype(np.float64) + (0 if skip is None else skip) + (0 if bias is None else bias)
     want = s / np.sqrt((s * s).mean(-1, keepdims=True) + 1e-6) * scale
-    for level in LEVELS:
-        if LEVELS.index(level) > LEVELS.index(best_level()):
-            continue
-        before = kernels.isa()
-        kernels.limit_isa(level)
-        try:
+    for level in CPU_LEVELS:
+        with kernels.isa_limit(level):
             got = kernels.rms_norm(x, scale, skip=skip, bias=bias, epsilon=1e-6)
-        finally:
-            kernels.limit_isa(before)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=level)
 
 
@@ -320,21 +262,15 @@ def silu_mul_float64(gate, up):
 def test_silu_mul_matches_float64_at_each_level(rows, cols, halves, seed):
     gate, up = arrays(seed, rows, cols, scale=4.0), arrays(seed + 1, rows, cols)
     want = silu_mul_float64(gate, up)
-    for level in LEVELS:
-        if LEVELS.index(level) > LEVELS.index(best_level()):
-            continue
-        before = kernels.isa()
-        kernels.limit_isa(level)
-        try:
+    for level in CPU_LEVELS:
+        with kernels.isa_limit(level):
             got = (kernels.silu_mul(np.concatenate([gate, up], -1)) if halves
                    else kernels.silu_mul(gate, up))
-        finally:
-            kernels.limit_isa(before)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=level)
 
 
 @pytest.mark.parametrize("offset", [0, 5, 16])
-def test_silu_mul_special_values(level, offset):
+def test_silu_mul_special_values(isa_level, offset):
     gate = np.concatenate([np.ones(offset, np.float32), SPECIAL])
     got = kernels.silu_mul(gate, np.full_like(gate, 2.0))[offset:]
     want = silu_mul_float64(SPECIAL, 2.0)

@@ -18,6 +18,8 @@ from optimized import cpu, kernels
 from reference import ReferenceEvaluator, agreement
 from reference.ops.contrib import dequantized_nbits
 
+from .conftest import ISA_LEVELS
+
 BLOCK_SIZES = [16, 32, 64, 128, 256]
 hsettings = settings(max_examples=60, deadline=None)
 
@@ -481,34 +483,6 @@ def test_infinite_scale_in_the_last_partial_block_gives_inf(m, bits, simd):
 
 
 # every vector-instruction level the CPU runs (kernels.limit_isa) ---------------------------------
-ISA_ORDER = list(kernels.ISAS)  # portable, avx2, avx512
-
-
-def best_isa() -> str:
-    """The widest level this CPU runs (limit_isa never goes above it), the cap left as it was."""
-    before = kernels.isa()
-    try:
-        return kernels.limit_isa(ISA_ORDER[-1])
-    finally:
-        kernels.limit_isa(before)
-
-
-BEST_ISA = best_isa()
-ISA_LEVELS = [pytest.param(level, marks=pytest.mark.skipif(
-    ISA_ORDER.index(level) > ISA_ORDER.index(BEST_ISA),
-    reason=f"this CPU runs {BEST_ISA} at most")) for level in ISA_ORDER]
-
-
-def run_at_isa(level, fn):
-    """fn() with the kernels capped at `level`, the cap restored afterwards."""
-    before = kernels.isa()
-    kernels.limit_isa(level)
-    try:
-        return fn()
-    finally:
-        kernels.limit_isa(before)
-
-
 @pytest.mark.parametrize("level", ISA_LEVELS)
 @settings(max_examples=40, deadline=None)
 @given(m=st.one_of(st.integers(1, 8), st.integers(9, 40)), n=st.integers(1, 90),
@@ -523,8 +497,9 @@ def test_each_isa_against_reference(level, m, n, k, bits, block_size, zero_point
     rng = np.random.default_rng(seed)
     b, scales, zp = quantized(rng, n, k, bits, block_size, zero_points)
     a = rng.standard_normal((m, k), dtype=np.float32)
-    one, two = run_at_isa(level, lambda: matmul_nbits_at_one_and_two_threads(
-        a, b, scales, zp, k=k, n=n, bits=bits, block_size=block_size))
+    with kernels.isa_limit(level):
+        one, two = matmul_nbits_at_one_and_two_threads(a, b, scales, zp, k=k, n=n, bits=bits,
+                                                       block_size=block_size)
     if level != "portable" or m <= 3:
         assert one.tobytes() == two.tobytes()
     assert_agrees(one, a, b, scales, zp, None, k=k, n=n, bits=bits, block_size=block_size)
@@ -548,8 +523,9 @@ def test_each_isa_hand_checked(level, m, block_size):
         zp[:, blk // 2] |= (zp_values[:, blk] << (4 * (blk % 2))).astype(np.uint8)
     scales = np.full(n * blocks, 0.5, np.float32)
     a = np.ones((m, k), np.float32)
-    got = run_at_isa(level, lambda: kernels.matmul_nbits(a, b, scales, zp.reshape(-1), k=k, n=n,
-                                                         bits=4, block_size=block_size))
+    with kernels.isa_limit(level):
+        got = kernels.matmul_nbits(a, b, scales, zp.reshape(-1), k=k, n=n, bits=4,
+                                   block_size=block_size)
     want = 247.5 - 35.0 * (np.arange(n) % 16)
     np.testing.assert_array_equal(got, np.tile(want, (m, 1)).astype(np.float32))
 
@@ -567,6 +543,6 @@ def test_each_isa_infinite_scale_in_a_partial_last_block(level, m, bits, k):
     b = np.full((n, blocks, block * bits // 8), 0x99 if bits == 4 else 0x81, np.uint8)
     scales = np.tile(np.array([1.0] * (blocks - 1) + [np.inf], np.float32), n)
     a = np.ones((m, k), np.float32)
-    got = run_at_isa(level, lambda: kernels.matmul_nbits(a, b, scales, None, k=k, n=n, bits=bits,
-                                                         block_size=block))
+    with kernels.isa_limit(level):
+        got = kernels.matmul_nbits(a, b, scales, None, k=k, n=n, bits=bits, block_size=block)
     assert np.isposinf(got).all()

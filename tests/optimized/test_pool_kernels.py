@@ -23,28 +23,12 @@ from optimized.kernels import lib
 from optimized.plan import Plan
 from reference import ReferenceEvaluator
 
-# the ISA level is set once per test by an autouse fixture and holds for all its examples
+from .conftest import CPU_LEVELS
+
+# the ISA level is set once per test by the isa_level fixture and holds for all its examples
 hsettings = settings(max_examples=60, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture])
-ISA_LEVELS = ("portable", "avx2", "avx512")
-
-
-def available_isa_levels() -> list[str]:
-    before = kernels.isa()
-    best = kernels.limit_isa("avx512")
-    kernels.limit_isa(before)
-    return list(ISA_LEVELS[:ISA_LEVELS.index(best) + 1])
-
-
-@pytest.fixture(autouse=True, params=ISA_LEVELS)
-def isa_level(request):
-    """The test at one vector level; a level above the CPU's is skipped."""
-    if request.param not in available_isa_levels():
-        pytest.skip(f"this CPU has no {request.param}")
-    before = kernels.isa()
-    kernels.limit_isa(request.param)
-    yield request.param
-    kernels.limit_isa(before)
+pytestmark = pytest.mark.usefixtures("isa_level")
 
 
 def pool_model(op_type, shape, opset=19, **attrs):
@@ -269,7 +253,7 @@ def test_wide_stride_2_pools_match_reference(op_type, c):
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
 def test_every_vector_level_gives_the_same_bits(op_type, c, isa_level):
     # each path reduces rows first, then columns, in the same order: the same float32 sums
-    if isa_level != ISA_LEVELS[0]:
+    if isa_level != CPU_LEVELS[0]:
         pytest.skip("runs every level itself, once")
     assume(fits(c))
     x = nan_in(data(c), c) if "nan_column" in c else data(c)
@@ -277,14 +261,10 @@ def test_every_vector_level_gives_the_same_bits(op_type, c, isa_level):
     if op_type == "AveragePool":
         attrs["count_include_pad"] = c["count_include_pad"]
     run = kernels.average_pool2d if op_type == "AveragePool" else kernels.max_pool2d
-    before = kernels.isa()
-    try:
-        results = []
-        for level in available_isa_levels():
-            kernels.limit_isa(level)
+    results = []
+    for level in CPU_LEVELS:
+        with kernels.isa_limit(level):
             results.append(run(x, **attrs).tobytes())
-    finally:
-        kernels.limit_isa(before)
     assert all(r == results[0] for r in results)
 
 

@@ -6,8 +6,6 @@ layout is built code by code from its definition: weight row j holds codes (i, j
 K, two a byte, the first in the low nibble, then zeros to the end of its last block."""
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,20 +13,7 @@ from hypothesis import strategies as st
 
 from optimized import kernels
 
-ISA_LEVELS = ("portable", "avx2", "avx512")
-
-
-@contextlib.contextmanager
-def isa_level(level: str):
-    """The kernels capped at `level` (skipped where the CPU lacks it), as they were after."""
-    before = kernels.isa()
-    if list(kernels.ISAS).index(kernels.limit_isa(level)) < list(kernels.ISAS).index(level):
-        kernels.limit_isa(before)
-        pytest.skip(f"this CPU does not run {level}")
-    try:
-        yield
-    finally:
-        kernels.limit_isa(before)
+from .conftest import ISA_LEVELS
 
 
 def packed_4bit(codes: np.ndarray) -> np.ndarray:
@@ -64,7 +49,7 @@ def check_pack(k, n, block_size, signed, seed):
        seed=st.integers(0, 2**16))
 @pytest.mark.parametrize("level", ISA_LEVELS)
 def test_pack_4bit_matches_the_layout(level, k, pairs, block_size, signed, seed):
-    with isa_level(level):
+    with kernels.isa_limit(level):
         check_pack(k, 2 * pairs, block_size, signed, seed)
 
 
@@ -76,7 +61,7 @@ def test_pack_4bit_whole_tiles_and_edges(level, k, n):
     """Whole tiles only, one code row or column pair past them, shapes with no whole tile
     along one axis (K < 32, N < 64), and K over one chunk of 512 rows (in blocks of 128 rows
     and fewer) with a strip of 32 byte columns or one byte column left past the 64-byte ones."""
-    with isa_level(level):
+    with kernels.isa_limit(level):
         check_pack(k, n, 32, signed=True, seed=k * n)
 
 
@@ -94,7 +79,7 @@ def test_pack_4bit_into_memory_on_and_off_a_cache_line(level, offset, k, n):
     memory = np.full(size + 128, 0xAB, np.uint8)
     start = -memory.ctypes.data % 64 + offset
     out = memory[start:start + size]
-    with isa_level(level):
+    with kernels.isa_limit(level):
         got = kernels.matmul_nbits_pack(packed_4bit(codes), k=k, n=n, bits=4, block_size=32,
                                         out=out)
     assert np.shares_memory(got, memory)
@@ -109,7 +94,7 @@ def test_scales_are_transposed(level, blocks, n, seed):
     """kernels.matmul_nbits_scales: [blocks, N] to [N, blocks], 8 x 8 blocks in registers and
     the edges one by one (every remainder of both sides modulo 8 is drawn)."""
     scales = np.random.default_rng(seed).standard_normal((blocks, n), dtype=np.float32)
-    with isa_level(level):
+    with kernels.isa_limit(level):
         np.testing.assert_array_equal(kernels.matmul_nbits_scales(scales), scales.T)
 
 
@@ -182,7 +167,7 @@ def test_pack_8bit_whole_tiles_and_edges(k, n, signed, level):
     codes = rng.integers(-128, 128, (k, n)) if signed else rng.integers(0, 256, (k, n))
     raw = (codes.reshape(-1) & 255).astype(np.uint8)
     for block_size in (16, 64):
-        with isa_level(level):
+        with kernels.isa_limit(level):
             packed = kernels.matmul_nbits_pack(raw, k=k, n=n, bits=8, block_size=block_size,
                                                signed=signed)
         assert packed.shape == (n, -(-k // block_size), block_size)
