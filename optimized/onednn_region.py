@@ -14,7 +14,7 @@ channels, entries and exits through onednn_conv.c's 8x8-tile transposes.
 
 When regions run (s26): ONNX_PARITY_ONEDNN_REGIONS=0 never, 1 always, "all" always and
 without the rule below (tests of how regions run); unset, where kernels.isa() is "avx512" and
-DEFAULT_ON_AVX512 is True (it is False: see the measurements below).
+DEFAULT_ON_AVX512 is True (it is: see the suite's passes below).
 The rule: a region forms only where it transposes fewer values (channels x pixels) at its
 entries and exits than its members would one by one, where only the convolutions
 onednn_conv.toml gives oneDNN transpose (their input and output) and ours (1x1, depthwise,
@@ -102,9 +102,14 @@ MIN_MEMBERS = 2  # one convolution alone is OneDNNConv's case (or ours), not a r
 # (onednn_conv.toml class few-input-channels: 852 against 1232 us at 224x224), so it starts no region
 MIN_INPUT_CHANNELS = 4
 # unset ONNX_PARITY_ONEDNN_REGIONS turns regions on where kernels.isa() is "avx512" only if
-# this is True: off, since with the rule light_squeezenet measured 1.00-1.05 (median 1.02) at
-# 1 thread against 0.96-0.99 for resnet50, inception_v2 and vgg19 (s26, docstring)
-DEFAULT_ON_AVX512 = False
+# this is True.  In one process per session light_squeezenet measured 1.00-1.05 (median 1.02)
+# at 1 thread against 0.96-0.99 for resnet50, inception_v2 and vgg19; in the suite (100 ms
+# pauses, each runtime in its own process, two passes each way, quiet machine) regions took
+# resnet50 from 1.16 / 1.14 and 1.11 / 1.25 of onnxruntime (1 / 2 threads) to 0.99 / 1.02 and
+# 0.99 / 1.01, inception_v2 from 1.16 / 1.16 and 1.21 / 1.16 to 1.10 / 1.10 and 1.05 / 1.05,
+# and the shared-process resnet50 from 1.28 and 1.17 to 1.03 and 1.01, with squeezenet,
+# densenet121 and vgg19 within the passes' spread (docstring, s26)
+DEFAULT_ON_AVX512 = True
 
 
 def setting() -> str:
@@ -216,7 +221,8 @@ def group_steps(plan, steps: list) -> list:
     groups = [ids for ids in members.values() if len(ids) >= MIN_MEMBERS
               and any(member_kind(plan, steps[k]) == "conv" for k in ids)]
     if setting() != "all":
-        groups = [ids for ids in groups if _transposes_less(plan, steps, ids)]
+        readers = _readers(plan, steps)
+        groups = [ids for ids in groups if _transposes_less(plan, steps, ids, readers)]
     if not groups:
         return steps
     return _replace(plan, steps, groups)
@@ -227,7 +233,17 @@ def _stride_area(attrs) -> int:
     return int(np.prod(strides))
 
 
-def _transposed(plan, steps: list, ids: list[int]) -> tuple[float, float]:
+def _readers(plan, steps: list) -> dict[int, set[int]]:
+    """slot -> the indices of the steps that read it."""
+    readers: dict[int, set[int]] = {}
+    for i, step in enumerate(steps):
+        for s in plan.reads(step):
+            readers.setdefault(s, set()).add(i)
+    return readers
+
+
+def _transposed(plan, steps: list, ids: list[int],
+                readers: dict[int, set[int]]) -> tuple[float, float]:
     """(values the region transposes at its entries and exits, values its members transpose
     run one by one), counted as channels times pixels in units of the first member's input
     plane (strides divide it; a global pool's single pixel counts 0).  One by one, only the
@@ -237,10 +253,6 @@ def _transposed(plan, steps: list, ids: list[int]) -> tuple[float, float]:
     would reject resnet50's, inception_v2's and squeezenet's regions, which measured faster."""
     from .cpu import ONEDNN_CONV_RULES, conv_class
 
-    readers: dict[int, set[int]] = {}
-    for i, step in enumerate(steps):
-        for s in plan.reads(step):
-            readers.setdefault(s, set()).add(i)
     inside, keep = set(ids), set(plan.output_slots)
     size: dict[int, float] = {}  # slot -> channels x relative pixels
     scale: dict[int, float] = {}  # slot -> pixels relative to the first input's plane
@@ -279,11 +291,11 @@ def _transposed(plan, steps: list, ids: list[int]) -> tuple[float, float]:
     return sum(entries.values()) + exits, per_node
 
 
-def _transposes_less(plan, steps: list, ids: list[int]) -> bool:
+def _transposes_less(plan, steps: list, ids: list[int], readers: dict[int, set[int]]) -> bool:
     """Whether a region pays: it transposes fewer values at its entries and exits than its
     members would one by one (densenet's 1x1-then-3x3 pairs transpose the 1x1's wide input
     as a region, mobilenet's 1x1 chains transpose nothing one by one)."""
-    region, per_node = _transposed(plan, steps, ids)
+    region, per_node = _transposed(plan, steps, ids, readers)
     return region < per_node
 
 

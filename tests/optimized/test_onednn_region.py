@@ -280,9 +280,9 @@ def transposed_counts(m) -> list:
     counts = []
     original = onednn_region._transposes_less
 
-    def spy(plan, steps, ids):
-        counts.append(onednn_region._transposed(plan, steps, ids))
-        return original(plan, steps, ids)
+    def spy(plan, steps, ids, readers):
+        counts.append(onednn_region._transposed(plan, steps, ids, readers))
+        return original(plan, steps, ids, readers)
 
     onednn_region._transposes_less = spy
     try:
