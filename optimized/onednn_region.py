@@ -189,8 +189,9 @@ def _leaves_and_returns(region, data, producer, region_of, taint) -> bool:
 
 def group_steps(plan, steps: list) -> list:
     """steps with each blocked region replaced by one step (kernel "fast", run by a
-    RegionRun), in an order that keeps every value made before it is read."""
-    if not enabled():
+    RegionRun), in an order that keeps every value made before it is read.  A plan with no
+    convolution never asks for oneDNN: opening the library adds about 20 MiB to the process."""
+    if not any(_key(step.node) in CONVS for step in steps) or not enabled():
         return steps
     producer: dict[int, int] = {}  # slot -> index of the step making it
     region_of: dict[int, int] = {}  # step index -> region id
