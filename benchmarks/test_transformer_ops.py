@@ -1,5 +1,5 @@
 """The transformer's memory-bound kernels (Gelu, tanh Gelu, Softmax, LayerNormalization) at each
-vector-instruction level this CPU runs (kernels.limit_isa), beside onnxruntime's one-node model
+vector-instruction level this CPU runs (kernels.isa_limit), beside onnxruntime's one-node model
 with intra_op_num_threads set.  Shapes are the suite's: bert-mini's 128 x 1024 Gelu and
 128 x 256 LayerNormalization, gpt2's 128 x 3072 tanh Gelu, 4 heads' 128 x 128 attention scores,
 vit's 37 x 192 LayerNormalization.  Every contender's result is checked against ours.
@@ -53,13 +53,6 @@ def ort_session(node, x, initializers, threads):
                                 providers=["CPUExecutionProvider"])
 
 
-def best_level() -> str:
-    before = kernels.isa()
-    best = kernels.limit_isa("avx512")
-    kernels.limit_isa(before)
-    return best
-
-
 def ort_node(op):
     if op == "LayerNormalization":
         return helper.make_node(op, ["x", "scale", "bias"], ["y"], axis=-1)
@@ -77,7 +70,6 @@ def test_transformer_op(benchmark, case, impl, threads):
     scale, bias = rand(2, shape[-1:]), rand(3, shape[-1:])
     benchmark.group = f"{case} {threads}thr"
     out = np.empty_like(x)
-    before = kernels.isa()
     expected = ours(op, x, scale, bias, np.empty_like(x))()
     if impl == "onnxruntime":
         initializers = {"scale": scale, "bias": bias} if op == "LayerNormalization" else {}
@@ -86,11 +78,8 @@ def test_transformer_op(benchmark, case, impl, threads):
         del sess  # its spinning pool threads would compete with the next benchmarks
         gc.collect()
     else:
-        if list(kernels.ISAS).index(impl) > list(kernels.ISAS).index(best_level()):
-            pytest.skip(f"this CPU does not run {impl}")
-        kernels.limit_isa(impl)
-        try:
+        if list(kernels.ISAS).index(impl) > list(kernels.ISAS).index(kernels.cpu_isa()):
+            pytest.skip(f"this CPU runs at most {kernels.cpu_isa()}, not {impl}")
+        with kernels.isa_limit(impl):
             got = benchmark(ours(op, x, scale, bias, out))
-        finally:
-            kernels.limit_isa(before)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
