@@ -14,7 +14,7 @@ channels, entries and exits through onednn_conv.c's 8x8-tile transposes.
 
 When regions run (s26): ONNX_PARITY_ONEDNN_REGIONS=0 never, 1 always, "all" always and
 without the rule below (tests of how regions run); unset, where kernels.isa() is "avx512" and
-DEFAULT_ON_AVX512 is True (it is: see the suite's passes below).
+DEFAULT_ON_AVX512 is True (it is: the suite's passes are beside it).
 The rule: a region forms only where it transposes fewer values (channels x pixels) at its
 entries and exits than its members would one by one, where only the convolutions
 onednn_conv.toml gives oneDNN transpose (their input and output) and ours (1x1, depthwise,
@@ -25,8 +25,8 @@ by one only the 3x3's 128 in and 32 out are transposed; mobilenet_v3_small lost 
 and 0.85 / 0.92: its 2 regions are pairs of 1x1 convolutions (ours, no transposes one by one).
 With the rule densenet keeps 2 regions (its first two layers: 64 and 96 channels in),
 mobilenet and shufflenet none, resnet50, inception_v2, squeezenet and vgg19 their one each.
-Measured with the rule (/work/notes/s26/cpu_run.py MODEL THREADS RUNS, one process each,
-ONNX_PARITY_ONEDNN_REGIONS=0 / 1 alternated, 3 rounds, median CPU ms per run, load 3-7):
+Measured with the rule (one process each timing a session's run() by process CPU time over
+RUNS runs after 5 warm-ups, ONNX_PARITY_ONEDNN_REGIONS=0 / 1 alternated, 3 rounds, median CPU ms per run, load 3-7):
 1 thread: light_resnet50 84.2 / 81.0 (0.96); light_inception_v2 41.1 / 40.7 (0.99);
 light_squeezenet 7.76 / 7.79 (1.00); light_vgg19 379 / 365 (0.96); light_densenet121
 64.7 / 64.8 (1.00); light_shufflenet and mobilenet_v3_small run the same plan either way
@@ -38,8 +38,10 @@ squeezenet 7.80 / 8.19 (1.05), densenet121 66.3 / 64.5 (0.97), inception_v2 40.6
 (0.96).  squeezenet's region loses at 1 thread (median paired round 1.02): in a profile
 (benchmarks.sessions light_squeezenet 1 20) its convolutions took 8.6 ms in the region against
 13.1 one by one, but its Concat copies (with the expand convolutions' Relu) 2.2 ms, in place
-one by one, and its NHWC MaxPools 0.70 ms against 0.36 (our NCHW kernel).  So still off by
-default; a faster region pool and a Concat written in place would be the next steps.
+one by one, and its NHWC MaxPools 0.70 ms against 0.36 (our NCHW kernel); a faster region
+pool and a Concat written in place would be the next steps.  These per-process figures alone
+kept regions off; the suite's passes (DEFAULT_ON_AVX512's comment, benchmarks/RESULTS.md)
+turned them on.
 
 Before s26 (AVX2 machines), off by default: ONNX_PARITY_ONEDNN_REGIONS=1 turned regions on.
 Measured at 1 thread on the 2-core AVX2 EPYC, load 2.7-4 (other work), one process, sessions with regions / without
